@@ -1,0 +1,254 @@
+"""Kernel calls: one FlashMLA invocation each, validated field by field.
+
+The input format is the oracle record format (see the README): ``kind`` ("sparse" | "dense" |
+"prefill"), ``b``, ``s_q``, ``h_q``, ``d_qk``, ``topk``, optional per-request ``topk_length``,
+``extra_topk`` / ``extra_topk_length``, ``page`` / ``extra_page``, and ``seqlens`` for dense calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .errors import InputError
+
+INT32_MAX = 2**31 - 1
+# Sizes beyond these are not batches any GPU could hold; they are rejected as input errors before
+# anything is allocated or looped over.
+MAX_ROWS = 1 << 24          # query rows (b); 16.7 M rows of q would already be >= 16 GiB
+MAX_S_Q = 1 << 16
+MAX_HEADS = 1 << 12
+MAX_TOPK = 1 << 24
+MAX_PAGE = 1 << 20
+
+# Keys that may appear in a record but are outputs or bookkeeping, not inputs.
+IGNORED_KEYS = frozenset({
+    "i", "id", "name", "label", "tile_scheduler_metadata", "num_splits", "error", "outcome",
+    "exit_code", "message", "verdict", "note", "expected",
+})
+DECODE_KEYS = frozenset({
+    "kind", "b", "s_q", "h_q", "h_k", "d_qk", "d_v", "topk", "topk_length", "extra_topk",
+    "extra_topk_length", "page", "extra_page", "seqlens", "is_fp8", "causal", "bytes_per_token",
+    "kv_stride", "kv_base_align",
+})
+PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv"})
+
+
+def _where(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _int(rec: Mapping[str, Any], key: str, prefix: str, lo: int, hi: int, default: Any = ...) -> int:
+    if key not in rec or rec[key] is None:
+        if default is ...:
+            raise InputError(_where(prefix, key), "missing")
+        return default
+    v = rec[key]
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InputError(_where(prefix, key), f"expected an integer, got {v!r}")
+    v = int(v)
+    if v < lo:
+        raise InputError(_where(prefix, key), f"expected >= {lo}, got {v}")
+    if v > hi:
+        raise InputError(_where(prefix, key), f"{v} is absurd (expected <= {hi})")
+    return v
+
+
+def _bool(rec: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
+    v = rec.get(key, default)
+    if not isinstance(v, bool):
+        raise InputError(_where(prefix, key), f"expected true or false, got {v!r}")
+    return v
+
+
+def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX) -> np.ndarray:
+    """Validate a per-request integer list of length ``n`` and return it as int64 numpy."""
+    if isinstance(v, np.ndarray):
+        if v.ndim != 1 or not np.issubdtype(v.dtype, np.integer):
+            raise InputError(where, f"expected a 1-D integer array, got dtype {v.dtype} shape {v.shape}")
+        arr = v.astype(np.int64, copy=False)
+    elif isinstance(v, (list, tuple)):
+        if len(v) != n:
+            raise InputError(where, f"expected a list of length b={n}, got length {len(v)}")
+        for i, x in enumerate(v):
+            if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+                raise InputError(f"{where}[{i}]", f"expected an integer, got {x!r}")
+        try:
+            arr = np.array(v, dtype=np.int64)
+        except OverflowError:
+            raise InputError(where, "values must fit in int32") from None
+    else:
+        raise InputError(where, f"expected a list of integers, got {type(v).__name__}")
+    if arr.shape[0] != n:
+        raise InputError(where, f"expected a list of length b={n}, got length {arr.shape[0]}")
+    if n:
+        mn, mx = int(arr.min()), int(arr.max())
+        if mn < lo or mx > hi:
+            bad = int(np.argmax((arr < lo) | (arr > hi)))
+            raise InputError(f"{where}[{bad}]", f"expected {lo}..{hi}, got {int(arr[bad])}")
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class DecodeCall:
+    """One ``flash_mla_with_kvcache`` call: ``q`` is ``[b, s_q, h_q, d_qk]``.
+
+    ``topk_length``/``extra_topk_length``/``seqlens`` are int64 numpy arrays of length ``b`` or None.
+    """
+
+    kind: str                      # "sparse" or "dense"
+    b: int
+    s_q: int
+    h_q: int
+    d_qk: int = 576
+    h_k: int = 1
+    d_v: int = 512
+    topk: int | None = None
+    topk_length: np.ndarray | None = None
+    extra_topk: int | None = None
+    extra_topk_length: np.ndarray | None = None
+    page: int = 64
+    extra_page: int | None = None
+    seqlens: np.ndarray | None = None
+    is_fp8: bool = True
+    causal: bool = False
+    bytes_per_token: int | None = None
+    kv_stride: int | None = None
+    kv_base_align: int | None = None
+    label: str = ""
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.kind == "sparse"
+
+    @property
+    def has_extra(self) -> bool:
+        return self.extra_topk is not None
+
+    def to_record(self) -> dict:
+        """The call in the oracle record format (lists as plain ints)."""
+        rec: dict[str, Any] = {"kind": self.kind, "b": self.b, "s_q": self.s_q, "h_q": self.h_q}
+        if self.kind == "sparse":
+            rec["d_qk"] = self.d_qk
+            rec["topk"] = self.topk
+            if self.topk_length is not None:
+                rec["topk_length"] = self.topk_length.tolist()
+            if self.extra_topk is not None:
+                rec["extra_topk"] = self.extra_topk
+                if self.extra_topk_length is not None:
+                    rec["extra_topk_length"] = self.extra_topk_length.tolist()
+                if self.extra_page is not None:
+                    rec["extra_page"] = self.extra_page
+        else:
+            rec["seqlens"] = self.seqlens.tolist() if self.seqlens is not None else None
+        rec["page"] = self.page
+        if self.h_k != 1:
+            rec["h_k"] = self.h_k
+        if self.label:
+            rec["label"] = self.label
+        return rec
+
+    def summary(self) -> str:
+        if self.kind == "dense":
+            return f"dense b={self.b} s_q={self.s_q} h_q={self.h_q}"
+        extra = f" extra_topk={self.extra_topk}" if self.extra_topk is not None else ""
+        tl = " topk_length=[..]" if self.topk_length is not None else ""
+        return f"sparse b={self.b} s_q={self.s_q} h_q={self.h_q} d_qk={self.d_qk} topk={self.topk}{tl}{extra}"
+
+
+@dataclass(frozen=True)
+class SparsePrefillCall:
+    """One ``flash_mla_sparse_fwd`` call: q ``[s_q, h_q, d_qk]``, indices ``[s_q, h_kv, topk]``."""
+
+    s_q: int
+    h_q: int
+    d_qk: int = 512
+    topk: int = 512
+    h_kv: int = 1
+    d_v: int = 512
+    s_kv: int | None = None
+    label: str = ""
+    kind: str = "prefill"
+
+    def to_record(self) -> dict:
+        rec = {"kind": "prefill", "s_q": self.s_q, "h_q": self.h_q, "d_qk": self.d_qk, "topk": self.topk}
+        if self.label:
+            rec["label"] = self.label
+        return rec
+
+    def summary(self) -> str:
+        return f"sparse prefill s_q={self.s_q} h_q={self.h_q} d_qk={self.d_qk} topk={self.topk}"
+
+
+KernelCall = DecodeCall | SparsePrefillCall
+
+
+def _check_keys(rec: Mapping[str, Any], allowed: frozenset, prefix: str) -> None:
+    for key in rec:
+        if key not in allowed and key not in IGNORED_KEYS:
+            raise InputError(_where(prefix, str(key)), f"unknown field (known: {', '.join(sorted(allowed))})")
+
+
+def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
+    """Parse and validate one call record. Raises :class:`InputError` naming the bad field."""
+    if not isinstance(rec, Mapping):
+        raise InputError(prefix or "call", f"expected a JSON object, got {type(rec).__name__}")
+    kind = rec.get("kind", "sparse" if "topk" in rec else ("dense" if "seqlens" in rec else None))
+    if kind not in ("sparse", "dense", "prefill"):
+        raise InputError(_where(prefix, "kind"), f"expected \"sparse\", \"dense\" or \"prefill\", got {kind!r}")
+    if kind == "prefill":
+        _check_keys(rec, PREFILL_KEYS, prefix)
+        return SparsePrefillCall(
+            s_q=_int(rec, "s_q", prefix, 0, MAX_ROWS),
+            h_q=_int(rec, "h_q", prefix, 1, MAX_HEADS),
+            d_qk=_int(rec, "d_qk", prefix, 1, 4096, 512),
+            topk=_int(rec, "topk", prefix, 1, MAX_TOPK, 512),
+            h_kv=_int(rec, "h_kv", prefix, 1, MAX_HEADS, 1),
+            d_v=_int(rec, "d_v", prefix, 1, 4096, 512),
+            s_kv=_int(rec, "s_kv", prefix, 1, INT32_MAX, None),
+            label=str(rec.get("label", rec.get("name", "")) or ""),
+        )
+    _check_keys(rec, DECODE_KEYS, prefix)
+    b = _int(rec, "b", prefix, 1, MAX_ROWS)
+    s_q = _int(rec, "s_q", prefix, 1, MAX_S_Q)
+    h_q = _int(rec, "h_q", prefix, 1, MAX_HEADS)
+    h_k = _int(rec, "h_k", prefix, 1, MAX_HEADS, 1)
+    common = dict(
+        b=b, s_q=s_q, h_q=h_q, h_k=h_k,
+        d_v=_int(rec, "d_v", prefix, 1, 4096, 512),
+        page=_int(rec, "page", prefix, 1, MAX_PAGE, 64),
+        bytes_per_token=_int(rec, "bytes_per_token", prefix, 1, 1 << 16, None),
+        kv_stride=_int(rec, "kv_stride", prefix, 1, 1 << 62, None),
+        kv_base_align=_int(rec, "kv_base_align", prefix, 1, 1 << 20, None),
+        causal=_bool(rec, "causal", prefix, False),
+        label=str(rec.get("label", rec.get("name", "")) or ""),
+    )
+    if kind == "dense":
+        for key in ("topk", "topk_length", "extra_topk", "extra_topk_length"):
+            if rec.get(key) is not None:
+                raise InputError(_where(prefix, key), "only sparse calls take this field (dense calls use seqlens)")
+        if rec.get("seqlens") is None:
+            raise InputError(_where(prefix, "seqlens"), "missing (dense calls need cache_seqlens, one per request)")
+        seqlens = int_vector(rec["seqlens"], b, _where(prefix, "seqlens"), 0, INT32_MAX)
+        return DecodeCall(kind="dense", d_qk=_int(rec, "d_qk", prefix, 1, 4096, 576), seqlens=seqlens,
+                          is_fp8=_bool(rec, "is_fp8", prefix, False), **common)
+    if rec.get("seqlens") is not None:
+        raise InputError(_where(prefix, "seqlens"), "only dense calls take seqlens (sparse calls use topk/topk_length)")
+    topk = _int(rec, "topk", prefix, 1, MAX_TOPK)
+    tl = rec.get("topk_length")
+    topk_length = None if tl is None else int_vector(tl, b, _where(prefix, "topk_length"))
+    extra_topk = _int(rec, "extra_topk", prefix, 1, MAX_TOPK, None)
+    etl = rec.get("extra_topk_length")
+    if etl is not None and extra_topk is None:
+        raise InputError(_where(prefix, "extra_topk_length"), "given without extra_topk")
+    extra_topk_length = None if etl is None else int_vector(etl, b, _where(prefix, "extra_topk_length"))
+    extra_page = _int(rec, "extra_page", prefix, 1, MAX_PAGE, None)
+    return DecodeCall(kind="sparse", d_qk=_int(rec, "d_qk", prefix, 1, 4096, 576), topk=topk,
+                      topk_length=topk_length, extra_topk=extra_topk, extra_topk_length=extra_topk_length,
+                      extra_page=extra_page, is_fp8=_bool(rec, "is_fp8", prefix, True), **common)
+
+
+def calls_from_records(records: Sequence[Any], prefix: str = "calls") -> list[KernelCall]:
+    return [call_from_record(r, f"{prefix}[{i}]") for i, r in enumerate(records)]

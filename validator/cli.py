@@ -1,0 +1,253 @@
+"""The ``validate-batch`` command line. Results go to stdout, diagnostics to stderr.
+
+Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import InputError
+
+app = typer.Typer(
+    name="validate-batch",
+    add_completion=False,
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    help=(
+        "Is this batch legal for the attention kernels? Which limit does it break, with the numbers and "
+        "the source, and how should it be split?\n\n"
+        "Examples:\n\n"
+        "* `validate-batch check --example dsv4-prefill-3x4096`\n\n"
+        "* `validate-batch metadata --json ../shared/oracle/flashmla_h200_cases.jsonl`\n\n"
+        "* `echo '{\"kind\":\"sparse\",\"b\":12288,\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":512}' | validate-batch check -`\n\n"
+        "* `validate-batch rules` / `validate-batch explain FMLA001`\n\n"
+        "Exit codes: 0 legal, 1 illegal, 2 bad input."
+    ),
+)
+
+out = Console(highlight=False, soft_wrap=True, markup=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+
+EXIT_LEGAL, EXIT_ILLEGAL, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def fail_input(e: InputError) -> None:
+    print(f"error: {e}", file=sys.stderr)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def emit_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+
+GPU_HELP = "GPU profile name (H100-SXM, H800, H20, H200, B200, GB200, ...) or raw numbers 'num_sms=132,cc=9.0,smem_optin=232448'. Overrides a device header in the input."
+
+
+def _example_path(name: str) -> str:
+    from importlib import resources
+
+    base = resources.files("rules").joinpath("examples")
+    names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
+    for ext in (".json", ".yaml", ".jsonl"):
+        cand = base.joinpath(name + ext)
+        if cand.is_file():
+            return str(cand)
+    raise InputError("--example", f"unknown example {name!r}; built-in examples: {', '.join(names)}")
+
+
+def _calls_and_gpu(docs: list, gpu_opt: Optional[str]):
+    from .inputs import is_device_header
+    from .knowledge import gpu_from_fields, resolve_gpu
+
+    gpu = None
+    if docs and is_device_header(docs[0]):
+        gpu = gpu_from_fields(docs[0], "device header")
+        docs = docs[1:]
+    if gpu_opt:
+        gpu = resolve_gpu(gpu_opt)
+    return docs, gpu or resolve_gpu("H200")
+
+
+@app.command()
+def metadata(
+    file: str = typer.Argument(..., help="Call record(s): a JSON object, a JSON array, or JSON Lines ('-' = stdin). A first line with only device fields is a device header."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile (default: the newest in rules/flashmla.json)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object per call, in input order."),
+    reference: bool = typer.Option(False, "--reference", help="Compute with the plain reference loop instead of the fast path."),
+    rows: int = typer.Option(16, "--rows", help="Human mode: partitions shown per call (the rest are counted, never dropped silently)."),
+):
+    """Compute what FlashMLA's scheduler would write for each call: num_sm_parts, tile_scheduler_metadata, num_splits.
+
+    Examples:
+
+    * `validate-batch metadata --json ../shared/oracle/flashmla_h200_cases.jsonl`
+
+    * `echo '{"kind":"dense","b":4,"s_q":2,"h_q":128,"seqlens":[10,0,100,7]}' | validate-batch metadata -`
+    """
+    from .api import check_plan
+    from .render import render_findings
+    from .calls import calls_from_records
+    from .inputs import load_documents
+    from .plan import plan as make_plan
+
+    try:
+        docs, g = _calls_and_gpu(load_documents(file), gpu)
+        calls = calls_from_records(docs)
+        plans = [make_plan(c, g, kernel) for c in calls]
+    except InputError as e:
+        fail_input(e)
+    any_illegal = False
+    for i, p in enumerate(plans):
+        findings = check_plan(p)
+        legal = not any(f.is_error for f in findings)
+        any_illegal |= not legal
+        sch = p.reference_schedule() if reference else p.schedule
+        if as_json:
+            emit_json({
+                "index": i,
+                "implementation": p.implementation.name if p.implementation else None,
+                "num_sm_parts": p.num_sm_parts,
+                "tile_scheduler_metadata": sch.metadata.tolist() if sch is not None else None,
+                "num_splits": sch.num_splits.tolist() if sch is not None else None,
+                "legal": legal,
+                "findings": [f.to_dict() for f in findings],
+            })
+            continue
+        verdict = "[green]legal[/]" if legal else "[red]ILLEGAL[/]"
+        out.print(f"[bold]call {i}[/]: {escape(p.call.summary())} on {escape(p.gpu.name)} -> {verdict}", markup=True)
+        if p.implementation is None:
+            out.print("  no implementation is selected: the kernel does not get as far as scheduling")
+        else:
+            out.print(f"  implementation {p.implementation.name}, num_sm_parts = {p.num_sm_parts} "
+                      f"({p.implementation.parts_formula}), fixed overhead {p.fixed_overhead} blocks")
+            out.print(f"  scheduler shared memory {p.sched_smem_bytes} B of {p.gpu.smem_optin} B; "
+                      f"split-KV workspace {p.workspace_bytes} B")
+        if sch is None:
+            if p.is_decode:
+                out.print("  no metadata: the scheduler would not run (see findings)")
+        else:
+            t = Table("part", "b_req", "e_req", "b_blk", "e_blk", "b_split", "f_spl", "l_spl")
+            md = sch.metadata
+            for r in range(min(rows, md.shape[0])):
+                t.add_row(str(r), *(str(int(v)) for v in md[r, :7]))
+            out.print(t)
+            if md.shape[0] > rows:
+                out.print(f"  ... {md.shape[0] - rows} more partitions (use --rows {md.shape[0]} or --json for all)")
+            ns = sch.num_splits
+            shown = ns[: min(len(ns), 24)].tolist()
+            more = f" ... ({len(ns)} values; --json for all)" if len(ns) > 24 else ""
+            out.print(f"  num_splits = {shown}{more}; split requests: {sch.num_split_events} extra pieces, "
+                      f"largest split row {sch.max_split_row}")
+        render_findings(findings, out)
+    raise typer.Exit(EXIT_ILLEGAL if any_illegal else EXIT_LEGAL)
+
+
+@app.command()
+def check(
+    file: Optional[str] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile."),
+    example: Optional[str] = typer.Option(None, "--example", help="Check a built-in example instead of FILE (e.g. dsv4-prefill-3x4096)."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable verdict: legal, findings, calls, safe_split."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
+    run_kernel: bool = typer.Option(False, "--kernel", help="Also run the real FlashMLA kernels (needs a GPU and a FlashMLA build) and diff them with the model."),
+):
+    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input.
+
+    Examples:
+
+    * `validate-batch check --example dsv4-prefill-3x4096`
+
+    * `validate-batch check batch.yaml --json`
+
+    * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
+    """
+    from .render import render_report
+    from .session import check_documents
+
+    try:
+        if example:
+            file = _example_path(example)
+        if file is None:
+            raise InputError("FILE", "give a file, '-' for stdin, or --example NAME")
+        report, payload = check_documents(file, gpu, kernel)
+        kernel_result = None
+        if run_kernel:
+            from .kernel.check import kernel_check_report
+
+            kernel_result = kernel_check_report(report, console=err)
+    except InputError as e:
+        fail_input(e)
+    if as_json:
+        d = report.to_dict()
+        d.update(payload)
+        if kernel_result is not None:
+            d["kernel"] = kernel_result
+        emit_json(d)
+    elif not quiet:
+        render_report(report, payload, out)
+        if kernel_result is not None:
+            from .kernel.check import render_kernel_result
+
+            render_kernel_result(kernel_result, out)
+    raise typer.Exit(EXIT_LEGAL if report.legal else EXIT_ILLEGAL)
+
+
+@app.command("rules")
+def rules_cmd(as_json: bool = typer.Option(False, "--json", help="The catalog as JSON.")):
+    """List every rule code with its severity, title and how it crashes.
+
+    Example: `validate-batch rules`
+    """
+    from .registry import all_rules
+
+    rs = all_rules()
+    if as_json:
+        emit_json([{"code": r.code, "severity": r.severity, "title": r.title, "failure": r.failure,
+                    "source": r.source, "scope": r.scope} for r in rs])
+        return
+    t = Table("code", "severity", "title", "crash class")
+    for r in rs:
+        t.add_row(r.code, r.severity, r.title, r.failure.split(":")[0])
+    out.print(t)
+    out.print("`validate-batch explain CODE` prints a rule's page.")
+
+
+@app.command()
+def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
+    """Print a rule's documentation page: what it checks, why it crashes, example, fix, source.
+
+    Example: `validate-batch explain FMLA001`
+    """
+    from .registry import all_rules, get_rule
+
+    r = get_rule(code)
+    if r is None:
+        err.print(f"error: unknown rule code {code!r}; known: {', '.join(x.code for x in all_rules())}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    out.print(f"{r.code} - {r.title}  (severity: {r.severity})\n")
+    out.print(r.doc)
+    out.print(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+
+
+# Subcommands defined next to the code they drive.
+from . import cli_bisect, cli_kernel  # noqa: E402
+
+cli_kernel.register(app)
+cli_bisect.register(app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,5 @@
+"""Crash-report subcommand (``bisect``)."""
+
+
+def register(app) -> None:
+    return None

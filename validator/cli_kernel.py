@@ -1,0 +1,5 @@
+"""Kernel-mode subcommands (``probe``, ``kernel-check``)."""
+
+
+def register(app) -> None:
+    return None

@@ -1,0 +1,31 @@
+"""Errors raised for bad input. Rules never raise: they return findings."""
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """Input that cannot be checked: a missing or malformed field.
+
+    ``field`` names the offending field (dotted path, e.g. ``requests[2].extend_tokens``) so that the
+    CLI can print a one-line error and exit with status 2.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.message = message
+        super().__init__(f"{field}: {message}" if field else message)
+
+
+class BatchIllegalError(Exception):
+    """Raised by :func:`validator.assert_legal` when a batch breaks a kernel or engine limit.
+
+    Attributes: ``report`` (the full :class:`validator.report.Report`), ``findings`` (its error
+    findings) and ``safe_split`` (the minimal split, or ``None`` when no split can help).
+    """
+
+    def __init__(self, report):
+        self.report = report
+        self.findings = [f for f in report.findings if f.is_error]
+        self.safe_split = report.safe_split
+        head = "; ".join(f"{f.code} {f.message}" for f in self.findings[:3])
+        more = f" (+{len(self.findings) - 3} more)" if len(self.findings) > 3 else ""
+        super().__init__(f"batch is illegal: {head}{more}")

@@ -1,0 +1,129 @@
+"""Loads the data files of the ``rules`` package (GPU profiles, kernel generations, engine profiles)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+from .errors import InputError
+
+
+@lru_cache(maxsize=None)
+def load(name: str) -> dict:
+    """Return the parsed JSON data file ``rules/<name>.json``."""
+    text = resources.files("rules").joinpath(f"{name}.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+@dataclass(frozen=True)
+class GPU:
+    """The device facts the kernel model needs."""
+
+    name: str
+    num_sms: int
+    cc: tuple[int, int]
+    smem_optin: int
+    source: str = ""
+    memory_bytes: int | None = None
+
+    @property
+    def arch(self) -> int:
+        """Compute-capability major version (9 for Hopper, 10 for Blackwell)."""
+        return self.cc[0]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "num_sms": self.num_sms, "cc": list(self.cc), "smem_optin": self.smem_optin}
+
+
+def gpu_names() -> list[str]:
+    return list(load("gpus")["gpus"])
+
+
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())
+
+
+@lru_cache(maxsize=None)
+def gpu_by_name(name: str) -> GPU:
+    """Look a GPU profile up by name or alias (case and punctuation are ignored)."""
+    table = load("gpus")["gpus"]
+    want = _norm(name)
+    for key, rec in table.items():
+        if want in {_norm(key), *(_norm(a) for a in rec.get("aliases", []))}:
+            return GPU(key, rec["num_sms"], tuple(rec["cc"]), rec["smem_optin"], rec.get("source", ""),
+                       rec.get("memory_bytes"))
+    raise InputError("gpu", f"unknown GPU {name!r}; known: {', '.join(table)} (or give num_sms, cc and smem_optin)")
+
+
+def _int_field(d: Mapping[str, Any], key: str, field: str, lo: int, hi: int) -> int:
+    if key not in d:
+        raise InputError(f"{field}.{key}" if field else key, "missing")
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"{field}.{key}" if field else key, f"expected an integer, got {v!r}")
+    if not lo <= v <= hi:
+        raise InputError(f"{field}.{key}" if field else key, f"expected {lo}..{hi}, got {v}")
+    return v
+
+
+def gpu_from_fields(d: Mapping[str, Any], field: str = "gpu") -> GPU:
+    """Build a GPU from raw numbers: ``num_sms``, ``cc`` ([major, minor] or "9.0") and ``smem_optin``."""
+    num_sms = _int_field(d, "num_sms", field, 1, 4096)
+    smem = _int_field(d, "smem_optin", field, 1, 16 * 1024 * 1024)
+    if "cc" not in d:
+        raise InputError(f"{field}.cc", "missing (compute capability, e.g. [9, 0] or \"9.0\")")
+    cc = d["cc"]
+    if isinstance(cc, str):
+        try:
+            major, minor = (int(x) for x in cc.split("."))
+        except ValueError:
+            raise InputError(f"{field}.cc", f"expected \"MAJOR.MINOR\", got {cc!r}") from None
+    elif isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in cc):
+        major, minor = cc
+    else:
+        raise InputError(f"{field}.cc", f"expected [major, minor], got {cc!r}")
+    name = d.get("device") or d.get("name") or f"custom-sm{major}{minor}"
+    if not isinstance(name, str):
+        raise InputError(f"{field}.name", f"expected a string, got {name!r}")
+    mem = d.get("memory_bytes")
+    if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
+        raise InputError(f"{field}.memory_bytes", f"expected a positive integer, got {mem!r}")
+    return GPU(name, num_sms, (major, minor), smem, "given by the user", mem)
+
+
+def resolve_gpu(spec: Any) -> GPU:
+    """Accept a GPU, a profile name, or a mapping of raw numbers (optionally with ``name``)."""
+    if isinstance(spec, GPU):
+        return spec
+    if isinstance(spec, str):
+        if "=" in spec:  # "num_sms=132,cc=9.0,smem_optin=232448" from the command line
+            fields: dict[str, Any] = {}
+            for part in spec.split(","):
+                k, _, v = part.partition("=")
+                k = k.strip()
+                fields[k] = v.strip() if k in ("cc", "name") else _parse_int(v, f"gpu.{k}")
+            return gpu_from_fields(fields)
+        return gpu_by_name(spec)
+    if isinstance(spec, Mapping):
+        if set(spec) <= {"name", "device"} and (spec.get("name") or spec.get("device")):
+            return gpu_by_name(spec.get("name") or spec.get("device"))
+        return gpu_from_fields(spec)
+    raise InputError("gpu", f"expected a GPU name or {{num_sms, cc, smem_optin}}, got {spec!r}")
+
+
+def _parse_int(v: str, field: str) -> int:
+    try:
+        return int(v.strip())
+    except ValueError:
+        raise InputError(field, f"expected an integer, got {v.strip()!r}") from None
+
+
+@lru_cache(maxsize=None)
+def generation(name: str | None = None) -> dict:
+    data = load("flashmla")
+    key = name or data["default"]
+    if key not in data["generations"]:
+        raise InputError("kernel", f"unknown FlashMLA generation {key!r}; known: {', '.join(data['generations'])}")
+    return {"name": key, **data["generations"][key]}

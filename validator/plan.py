@@ -1,0 +1,232 @@
+"""Plan one kernel call: which FlashMLA implementation runs, its partitions, schedule and buffers.
+
+"Plan once, check many": every rule reads the :class:`Plan`; nothing here decides legality.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .calls import DecodeCall, KernelCall, SparsePrefillCall
+from .knowledge import GPU, generation, resolve_gpu
+from .schedule import Schedule, schedule_fast, schedule_reference
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# num_sm_parts formulas named in rules/flashmla.json (C++ integer division on non-negative ints).
+# Each returns None when the kernel's own formula would divide by zero (it crashes the process).
+def _parts_sparse_sm90(g: GPU, c: DecodeCall):
+    heads = c.h_q // 64
+    return None if heads == 0 else max(g.num_sms // c.s_q // heads, 1)
+
+
+def _parts_per_sq(g: GPU, c: DecodeCall):
+    return max(g.num_sms // c.s_q, 1)
+
+
+def _parts_per_sq_half(g: GPU, c: DecodeCall):
+    return max(g.num_sms // c.s_q // 2, 1)
+
+
+def _parts_dense_sm90(g: GPU, c: DecodeCall):
+    per_k = c.s_q * c.h_q // c.h_k
+    return max(g.num_sms // c.h_k // _cdiv(per_k, 64), 1)
+
+
+def _parts_sparse_sm90_oct2025(g: GPU, c: DecodeCall):
+    return max((g.num_sms // 2) // c.h_k // (_cdiv(c.h_q // c.h_k, 128) * c.s_q), 1)
+
+
+def _parts_sparse_sm100_oct2025(g: GPU, c: DecodeCall):
+    return max(g.num_sms // c.h_k // (_cdiv(c.h_q // c.h_k, 64) * c.s_q), 1)
+
+
+PARTS_FORMULAS = {
+    "sparse_sm90": (_parts_sparse_sm90, "max(num_sms / s_q / (h_q/64), 1)"),
+    "per_sq": (_parts_per_sq, "max(num_sms / s_q, 1)"),
+    "per_sq_half": (_parts_per_sq_half, "max(num_sms / s_q / 2, 1)"),
+    "dense_sm90": (_parts_dense_sm90, "max(num_sms / h_k / ceil(s_q*h_q/h_k / 64), 1)"),
+    "sparse_sm90_oct2025": (_parts_sparse_sm90_oct2025, "max((num_sms/2) / h_k / (ceil(h_q/h_k / 128) * s_q), 1)"),
+    "sparse_sm100_oct2025": (_parts_sparse_sm100_oct2025, "max(num_sms / h_k / (ceil(h_q/h_k / 64) * s_q), 1)"),
+}
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    path: str
+    arch: int
+    parts: str
+    fixed_overhead: int
+    source: str
+
+    @property
+    def parts_formula(self) -> str:
+        return PARTS_FORMULAS[self.parts][1]
+
+
+def select_implementation(call: DecodeCall, gpu: GPU, gen: dict) -> Implementation | None:
+    """The implementation row of the facts table that this call dispatches to, or None."""
+    for row in gen["implementations"]:
+        if row["path"] != call.kind or row["arch"] != gpu.arch:
+            continue
+        if "h_q" in row and row["h_q"] != call.h_q:
+            continue
+        if "d_qk" in row and row["d_qk"] != call.d_qk:
+            continue
+        return Implementation(row["name"], row["path"], row["arch"], row["parts"], row["fixed_overhead"], row["source"])
+    return None
+
+
+def effective_lengths(call: DecodeCall, gen: dict) -> tuple[np.ndarray | None, int | None]:
+    """Per-request key lengths the scheduler sees: ``(array, None)`` or ``(None, uniform_value)``."""
+    if call.kind == "dense":
+        s = call.seqlens
+        if s.shape[0] and bool((s == s[0]).all()):
+            return None, int(s[0])
+        return s, None
+    if gen.get("effective_length") == "constant_topk":
+        return None, call.topk
+    if call.topk_length is None:
+        base_uniform = 1 if call.topk == 0 else call.topk
+        base = None
+    else:
+        base = np.where(call.topk_length == 0, 1, call.topk_length)
+        base_uniform = None
+    if call.extra_topk is not None:
+        if base is None:
+            base_uniform = _cdiv(base_uniform, 64) * 64
+        else:
+            base = (base + 63) // 64 * 64
+        if call.extra_topk_length is None:
+            if base is None:
+                return None, base_uniform + call.extra_topk
+            base = base + call.extra_topk
+        else:
+            if base is None:
+                base = np.full(call.b, base_uniform, dtype=np.int64)
+            base = base + call.extra_topk_length
+    if base is None:
+        return None, base_uniform
+    if call.b and bool((base == base[0]).all()):
+        return None, int(base[0])
+    return base, None
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """Everything the rules need about one kernel call, computed once."""
+
+    call: KernelCall
+    gpu: GPU
+    gen: dict
+    implementation: Implementation | None
+    num_sm_parts: int | None
+
+    @property
+    def is_decode(self) -> bool:
+        return isinstance(self.call, DecodeCall)
+
+    @property
+    def block_size(self) -> int:
+        return self.gen["block_size"]
+
+    @property
+    def fixed_overhead(self) -> int | None:
+        return self.implementation.fixed_overhead if self.implementation else None
+
+    @property
+    def sched_smem_bytes(self) -> int:
+        """Dynamic shared memory the scheduling kernel asks for: ``base + per_row * b`` bytes."""
+        sm = self.gen["sched_smem"]
+        return sm["base_bytes"] + sm["bytes_per_row"] * self.call.b
+
+    @property
+    def max_sched_rows(self) -> int:
+        """Largest b whose scheduler shared memory fits the GPU's opt-in limit."""
+        sm = self.gen["sched_smem"]
+        return (self.gpu.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
+
+    @property
+    def scheduler_runs(self) -> bool:
+        """False when the kernel exits before writing any metadata (no implementation, or b too big)."""
+        return self.is_decode and self.num_sm_parts is not None and self.call.b <= self.max_sched_rows
+
+    @cached_property
+    def lengths(self) -> tuple[np.ndarray | None, int | None]:
+        return effective_lengths(self.call, self.gen)
+
+    @cached_property
+    def schedule(self) -> Schedule | None:
+        """The scheduler's output (fast path), or None when the scheduler never runs."""
+        if not self.scheduler_runs:
+            return None
+        arr, uni = self.lengths
+        if uni is not None:
+            return schedule_fast(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
+        return schedule_fast(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
+
+    def reference_schedule(self) -> Schedule | None:
+        """The same schedule from the plain reference loop (slow; for tests and debugging)."""
+        if not self.scheduler_runs:
+            return None
+        arr, uni = self.lengths
+        s = np.full(self.call.b, uni, dtype=np.int64) if uni is not None else arr
+        return schedule_reference(s, self.num_sm_parts, self.fixed_overhead, self.block_size)
+
+    @property
+    def workspace_rows(self) -> int | None:
+        """Rows of the split-KV accumulators: ``b + num_sm_parts``."""
+        if not self.is_decode or self.num_sm_parts is None:
+            return None
+        return self.call.b + self.num_sm_parts
+
+    @property
+    def workspace_bytes(self) -> int | None:
+        """fp32 ``lse_accum [b+P, s_q, h_q]`` plus ``o_accum [b+P, s_q, h_q, d_v]``."""
+        rows = self.workspace_rows
+        if rows is None:
+            return None
+        c = self.call
+        d_v = self.gen["oaccum"]["d_v"]
+        return rows * c.s_q * c.h_q * 4 * (1 + d_v)
+
+    def to_dict(self, with_schedule: bool = True) -> dict:
+        c = self.call
+        out: dict = {
+            "call": c.to_record() if len(getattr(c, "to_record")().get("seqlens") or []) <= 64 else c.summary(),
+            "implementation": self.implementation.name if self.implementation else None,
+            "num_sm_parts": self.num_sm_parts,
+            "fixed_overhead": self.fixed_overhead,
+        }
+        if self.is_decode:
+            out["sched_smem_bytes"] = self.sched_smem_bytes
+            out["workspace_bytes"] = self.workspace_bytes
+            sch = self.schedule
+            if sch is not None:
+                out["num_splits_total"] = sch.total_splits
+                out["max_split_row"] = sch.max_split_row
+                if with_schedule:
+                    out["tile_scheduler_metadata"] = sch.metadata.tolist()
+                    out["num_splits"] = sch.num_splits.tolist()
+        return out
+
+
+def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan:
+    """Plan one call. ``call`` may be a :class:`DecodeCall` or an oracle-format record (dict)."""
+    from .calls import call_from_record
+
+    if isinstance(call, dict):
+        call = call_from_record(call)
+    g = resolve_gpu(gpu)
+    gen = generation(kernel)
+    if isinstance(call, SparsePrefillCall):
+        return Plan(call, g, gen, None, None)
+    impl = select_implementation(call, g, gen)
+    parts = PARTS_FORMULAS[impl.parts][0](g, call) if impl else None
+    return Plan(call, g, gen, impl, parts)

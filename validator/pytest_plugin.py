@@ -1,0 +1,1 @@
+"""pytest plugin (entry point ``validate_batch``): fixtures for engine test suites."""

@@ -1,0 +1,89 @@
+"""The rule registry: stable codes, one small function each, metadata from ``rules/catalog.json``.
+
+A rule is registered with ``@rule("FMLA001", scope="call")``; its docstring is its documentation
+page (sections: What, Why it crashes, Example, Fix, Source) and ``validate-batch explain CODE``
+prints it. Rules are pure: they read a plan and return findings; they never raise on bad numbers.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from .knowledge import load
+from .report import Finding
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    scope: str            # "call" (reads a kernel-call Plan) or "batch" (reads a BatchPlan)
+    func: Callable
+    title: str
+    severity: str
+    failure: str
+    source: str
+    family: str
+
+    @property
+    def doc(self) -> str:
+        return inspect.cleandoc(self.func.__doc__ or "")
+
+    def finding(self, message: str, *, subject: str = "", numbers: dict | None = None, fix: str = "",
+                severity: str | None = None, failure: str | None = None) -> Finding:
+        return Finding(self.code, severity or self.severity, message, subject, numbers or {}, fix,
+                       self.failure if failure is None else failure, self.source)
+
+
+REGISTRY: dict[str, Rule] = {}
+
+
+def rule(code: str, scope: str = "call"):
+    """Register a rule function under a stable code; metadata comes from the catalog."""
+
+    def deco(func):
+        meta = load("catalog")["rules"].get(code)
+        if meta is None:
+            raise KeyError(f"rule {code} has no entry in rules/catalog.json")
+        if code in REGISTRY:
+            raise KeyError(f"rule code {code} registered twice")
+        r = Rule(code, scope, func, meta["title"], meta["severity"], meta.get("failure", ""),
+                 meta.get("source", ""), meta.get("family", code[:-3]))
+        REGISTRY[code] = r
+        func.rule = r
+        return func
+
+    return deco
+
+
+def all_rules() -> list[Rule]:
+    _load_rule_modules()
+    return [REGISTRY[c] for c in sorted(REGISTRY)]
+
+
+def get_rule(code: str) -> Rule | None:
+    _load_rule_modules()
+    return REGISTRY.get(code.upper())
+
+
+def rules_for(scope: str) -> list[Rule]:
+    return [r for r in all_rules() if r.scope == scope]
+
+
+def run_rules(scope: str, subject) -> list[Finding]:
+    out: list[Finding] = []
+    for r in rules_for(scope):
+        res: Iterable[Finding] | None = r.func(subject)
+        if res:
+            out.extend(res)
+    return out
+
+
+_loaded = False
+
+
+def _load_rule_modules() -> None:
+    global _loaded
+    if not _loaded:
+        from . import rules_fmla, rules_engine  # noqa: F401  (registration side effect)
+        _loaded = True

@@ -1,0 +1,566 @@
+"""FMLA0xx: limits of FlashMLA's decode and sparse-prefill kernels. Each rule reads one call's Plan."""
+from __future__ import annotations
+
+from .calls import DecodeCall, SparsePrefillCall
+from .plan import Plan
+from .registry import rule
+
+INT32_MAX = 2**31 - 1
+
+
+def _subject(p: Plan) -> str:
+    return p.call.label or p.call.summary()
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+@rule("FMLA001")
+def sched_smem(p: Plan):
+    """Scheduler shared memory: at most ``(smem_optin - 4) // 20`` query rows per call.
+
+    ## What it checks
+    The decode scheduling kernel keeps five int32 arrays of length ``b`` (plus one word) in dynamic
+    shared memory: ``4*(5b+1)`` bytes. The GPU grants at most ``shared_memory_per_block_optin``
+    (232448 bytes on SM90 and SM100), so ``b <= 11622``. ``b`` is ``q.shape[0]``: for engines that
+    flatten a prefill into one row per token it is the number of query tokens, not requests. The
+    limit does not depend on s_q, h_q, topk, or dense versus sparse.
+
+    ## Why it crashes
+    ``cudaFuncSetAttribute(MaxDynamicSharedMemorySize)`` fails with ``invalid argument``; FlashMLA's
+    error check prints ``CUDA error (.../get_decoding_sched_meta.cu:111): invalid argument`` and calls
+    ``exit(1)``. No Python exception: the whole serving process dies.
+
+    ## Example
+    ``{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}``: needs 245764 B
+    of 232448 B; a DeepSeek-V4 prefill of 3 x 4096 tokens on SGLang.
+
+    ## Fix
+    Keep every call at or below 11622 rows: split the batch (``validate-batch check`` proposes the
+    minimal split), cap ``--chunked-prefill-size`` / ``--max-prefill-tokens`` at 11622, or route large
+    prefills to ``flash_mla_sparse_fwd`` (no scheduler, no row limit).
+
+    ## Source
+    FlashMLA 9241ae3 ``get_decoding_sched_meta.cu``; measured on an H200: 11622 ok, 11623 exits
+    (dense and sparse, s_q 1 and 4).
+    """
+    if not p.is_decode:
+        return None
+    c: DecodeCall = p.call
+    need, limit = p.sched_smem_bytes, p.gpu.smem_optin
+    if need <= limit:
+        return None
+    max_b = p.max_sched_rows
+    steps = -(-c.b // max_b)
+    return [sched_smem.rule.finding(
+        f"query rows {c.b} exceed the scheduler's limit {max_b} "
+        f"(expected 4*(5b+1) <= {limit} B shared memory on {p.gpu.name}, got {need} B)",
+        subject=_subject(p),
+        numbers={"b": c.b, "max_b": max_b, "smem_bytes": need, "smem_limit": limit},
+        fix=f"split into at least {steps} calls of <= {max_b} rows each",
+    )]
+
+
+@rule("FMLA002")
+def oaccum_offset(p: Plan):
+    """32-bit o_accum offset: the last partial-result row of a split request times ``s_q*h_q*512`` < 2^31.
+
+    ## What it checks
+    When the scheduler splits a request across partitions, each piece writes a partial result row of
+    ``o_accum [b+P, s_q, h_q, 512]`` (fp32). The row index times ``s_q*h_q*512`` is computed in 32-bit
+    int; later offsets are added to the pointer separately and do not overflow. Only split requests
+    use o_accum, so the deciding number is the largest ``num_splits[r+1]-1`` over split requests -
+    which needs the full schedule, not an estimate.
+
+    ## Why it crashes
+    The offset wraps negative, the split-KV kernel writes and the combine kernel reads outside the
+    buffer: ``CUDA error (.../combine.cu:197): an illegal memory access was encountered`` and
+    ``exit(1)``. The CUDA context is unusable afterwards.
+
+    ## Example
+    h_q=128, s_q=8: 2^31 / (8*128*512) = 4096, so a split request whose last row is 4096 crashes
+    (measured: row 4095 ok, 4096 fails).
+
+    ## Fix
+    Fewer query rows per call (split the batch) so that split requests land below the boundary, or
+    fewer heads / query tokens per row (smaller s_q or h_q per call).
+
+    ## Source
+    FlashMLA 9241ae3 split-KV and combine kernels; measured on an H200 at five (s_q, h_q) shapes and
+    621 random calls.
+    """
+    sch = p.schedule if p.is_decode else None
+    if sch is None or sch.last_split_request < 0:
+        return None
+    c = p.call
+    stride = c.s_q * c.h_q * p.gen["oaccum"]["d_v"]
+    row = sch.max_split_row
+    if row * stride <= INT32_MAX:
+        return None
+    max_row = INT32_MAX // stride
+    req = sch.last_split_request
+    return [oaccum_offset.rule.finding(
+        f"request {req} is split and its last partial-result row is {row}; expected row * s_q*h_q*512 "
+        f"< 2^31 (row <= {max_row} at s_q={c.s_q}, h_q={c.h_q}), got {row} * {stride} = {row * stride}",
+        subject=_subject(p),
+        numbers={"request": req, "row": row, "max_row": max_row, "row_stride": stride, "offset": row * stride},
+        fix="run fewer query rows per call so split requests stay below that row (split the batch)",
+    )]
+
+
+@rule("FMLA003")
+def topk_length_range(p: Plan):
+    """Per-request lengths within their cache width: ``0 <= topk_length[i] <= topk`` (and extra).
+
+    ## What it checks
+    ``topk_length[i]`` tells the kernel how many entries of row ``i`` of ``indices`` are valid; the
+    same holds for ``extra_topk_length`` against ``extra_topk``. Values outside ``[0, width]`` make it
+    read past the row.
+
+    ## Why it crashes
+    Undefined behaviour. Measured: 200 with topk 128 (and 100 with extra_topk 64) gave an illegal
+    memory access reported at ``combine.cu:197`` and ``exit(1)``; 129 and 65 ran and silently read
+    the neighbouring row; a negative value did not crash once. All are treated as illegal.
+
+    ## Example
+    ``"topk": 128, "topk_length": [200, ...]``.
+
+    ## Fix
+    Clamp lengths to the width when building the metadata (``min(causal_len, topk)``).
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/api/sparse_decode.h`` (lengths are not checked); measured on an H200.
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "sparse":
+        return None
+    out = []
+    for name, arr, width in (("topk_length", c.topk_length, c.topk),
+                             ("extra_topk_length", c.extra_topk_length, c.extra_topk)):
+        if arr is None or width is None:
+            continue
+        bad = (arr < 0) | (arr > width)
+        if bad.any():
+            i = int(bad.argmax())
+            n_bad = int(bad.sum())
+            out.append(topk_length_range.rule.finding(
+                f"{name}[{i}] expected 0..{width}, got {int(arr[i])} ({n_bad} request(s) out of range)",
+                subject=f"{_subject(p)} request {i}",
+                numbers={"field": name, "request": i, "value": int(arr[i]), "width": width, "count": n_bad},
+                fix=f"clamp {name} to [0, {width}]",
+            ))
+    return out
+
+
+@rule("FMLA004")
+def topk_alignment(p: Plan):
+    """``topk % 64 == 0`` (SM100 head64 also ``extra_topk % 64 == 0``).
+
+    ## What it checks
+    The sparse kernels walk indices in blocks of 64. SM90 checks only ``topk`` (it accepted
+    ``extra_topk = 100`` in a measurement); SM100's head64 kernel also requires ``extra_topk``.
+
+    ## Why it crashes
+    A host-side assertion (``params.topk % TOPK_BLOCK_SIZE == 0``) fails and the process dies with
+    SIGSEGV - no Python exception.
+
+    ## Example
+    ``"topk": 100`` on an H200.
+
+    ## Fix
+    Pad the index width up to a multiple of 64 (fill with -1) and pass per-request lengths.
+
+    ## Source
+    FlashMLA 9241ae3 ``splitkv_mla.cuh:689`` (SM90, measured), SM100 head64 ``get_meta`` (source).
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "sparse":
+        return None
+    out = []
+    if c.topk % 64:
+        out.append(topk_alignment.rule.finding(
+            f"topk expected a multiple of 64, got {c.topk}", subject=_subject(p),
+            numbers={"field": "topk", "value": c.topk, "multiple": 64},
+            fix=f"pad indices to topk={-(-c.topk // 64) * 64} and pass topk_length"))
+    impl = p.implementation
+    if c.extra_topk is not None and c.extra_topk % 64 and impl is not None and impl.name == "sparse-sm100-head64":
+        out.append(topk_alignment.rule.finding(
+            f"extra_topk expected a multiple of 64 on {impl.name}, got {c.extra_topk}", subject=_subject(p),
+            numbers={"field": "extra_topk", "value": c.extra_topk, "multiple": 64},
+            fix=f"pad extra indices to {-(-c.extra_topk // 64) * 64}"))
+    return out
+
+
+@rule("FMLA005")
+def sparse_heads(p: Plan):
+    """Sparse decode shapes: ``h_q in {64, 128}``, ``h_kv == 1``, ``d_qk in {512, 576}``, ``d_v == 512``.
+
+    ## What it checks
+    The sparse decode kernels are instantiated for 64 or 128 query heads per KV head (one KV head),
+    and for the two MLA layouts (576 = V3.2, 512 = MODEL1) with a 512-wide value.
+
+    ## Why it crashes
+    Other head counts make ``num_sm_parts`` divide by ``h_q/64 = 0`` or pick no kernel: the process
+    dies with SIGSEGV and no message (measured with 32 and 96). A wrong ``d_qk`` is a Python
+    ``RuntimeError`` (recoverable).
+
+    ## Example
+    ``"h_q": 96`` - e.g. 128 heads split over a tensor-parallel size that leaves 96 per rank.
+
+    ## Fix
+    Pad heads per rank to 64 or 128 (SGLang pads to 64), or change the tensor-parallel size.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/api/sparse_decode.h``; measured on an H200.
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "sparse":
+        return None
+    out = []
+    if c.h_q not in (64, 128):
+        out.append(sparse_heads.rule.finding(
+            f"h_q expected 64 or 128, got {c.h_q}", subject=_subject(p),
+            numbers={"field": "h_q", "value": c.h_q, "allowed": [64, 128]},
+            fix=f"pad heads to {64 if c.h_q < 64 else 128}", failure="process_crash: SIGSEGV, no message"))
+    if c.h_k != 1:
+        out.append(sparse_heads.rule.finding(
+            f"h_k expected 1, got {c.h_k}", subject=_subject(p),
+            numbers={"field": "h_k", "value": c.h_k, "allowed": [1]}, fix="MLA sparse decode uses one KV head"))
+    if c.d_qk not in (512, 576):
+        out.append(sparse_heads.rule.finding(
+            f"d_qk expected 512 or 576, got {c.d_qk}", subject=_subject(p),
+            numbers={"field": "d_qk", "value": c.d_qk, "allowed": [512, 576]},
+            fix="use the MODEL1 (512) or V3.2 (576) KV layout",
+            failure="python_exception: 'Only head_size_k == 576 or 512 is supported for sparse decoding'"))
+    if c.d_v != 512:
+        out.append(sparse_heads.rule.finding(
+            f"d_v expected 512, got {c.d_v}", subject=_subject(p),
+            numbers={"field": "d_v", "value": c.d_v, "allowed": [512]}, fix="head_dim_v must be 512",
+            failure="python_exception"))
+    return out
+
+
+@rule("FMLA006")
+def v32_layout(p: Plan):
+    """V3.2 layout (``d_qk == 576``) on SM90 takes no ``topk_length`` and no extra KV cache.
+
+    ## What it checks
+    The SM90 sparse kernel for the 656-byte V3.2 token layout has no per-request length and no extra
+    cache; only the MODEL1 layout (``d_qk == 512``, 584 bytes per token) supports them.
+
+    ## Why it crashes
+    Host assertion (``V3.2 does not support dynamic topk length`` / ``... extra KV cache``), then
+    SIGSEGV: the process dies.
+
+    ## Example
+    ``"d_qk": 576, "topk_length": [...]`` on an H200.
+
+    ## Fix
+    Use the MODEL1 layout (``d_qk = 512``) for per-request lengths and extra caches, or drop them.
+
+    ## Source
+    FlashMLA 9241ae3 ``splitkv_mla.cuh:700-701``; measured on an H200.
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "sparse" or c.d_qk != 576 or p.gpu.arch != 9:
+        return None
+    out = []
+    if c.topk_length is not None:
+        out.append(v32_layout.rule.finding("d_qk=576 (V3.2 layout) expected no topk_length on SM90, got one",
+                                           subject=_subject(p), numbers={"field": "topk_length", "d_qk": 576},
+                                           fix="use d_qk=512 (MODEL1 layout) or drop topk_length"))
+    if c.extra_topk is not None:
+        out.append(v32_layout.rule.finding(f"d_qk=576 (V3.2 layout) expected no extra KV cache on SM90, got extra_topk={c.extra_topk}",
+                                           subject=_subject(p), numbers={"field": "extra_topk", "d_qk": 576},
+                                           fix="use d_qk=512 (MODEL1 layout) or drop the extra cache"))
+    return out
+
+
+@rule("FMLA007")
+def kv_layout(p: Plan):
+    """KV cache ``[blocks, page, 1, bytes_per_token]`` with ``stride(1) == bytes_per_token``.
+
+    ## What it checks
+    Checked only when the call gives ``bytes_per_token`` / ``kv_stride`` / ``kv_base_align``: the
+    token stride must equal the layout's bytes per token (656 for V3.2, 584 for MODEL1); on SM100
+    the block stride (``kv_stride``) must be a multiple of 576 (MODEL1) or 656 (V3.2) and the base
+    16-byte aligned.
+
+    ## Why it crashes
+    A Python exception or a host assertion (the latter kills the process).
+
+    ## Example
+    ``"d_qk": 512, "bytes_per_token": 576``.
+
+    ## Fix
+    Allocate the cache in the layout the kernel expects; do not view a differently packed pool.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/api/sparse_decode.h`` (read from source).
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "sparse":
+        return None
+    want = {576: 656, 512: 584}.get(c.d_qk)
+    out = []
+    if c.bytes_per_token is not None and want is not None and c.bytes_per_token != want:
+        out.append(kv_layout.rule.finding(
+            f"bytes_per_token expected {want} for d_qk={c.d_qk}, got {c.bytes_per_token}", subject=_subject(p),
+            numbers={"field": "bytes_per_token", "expected": want, "got": c.bytes_per_token},
+            fix="allocate the KV cache in the layout of this d_qk"))
+    if p.gpu.arch == 10 and c.kv_stride is not None:
+        mult = {512: 576, 576: 656}.get(c.d_qk)
+        if mult and c.kv_stride % mult:
+            out.append(kv_layout.rule.finding(
+                f"kv_stride expected a multiple of {mult} on SM100, got {c.kv_stride}", subject=_subject(p),
+                numbers={"field": "kv_stride", "multiple": mult, "got": c.kv_stride}, fix="pad each page"))
+    if p.gpu.arch == 10 and c.kv_base_align is not None and c.kv_base_align % 16:
+        out.append(kv_layout.rule.finding(
+            f"kv base alignment expected 16 bytes on SM100, got {c.kv_base_align}", subject=_subject(p),
+            numbers={"field": "kv_base_align", "expected": 16, "got": c.kv_base_align}, fix="align the pool"))
+    return out
+
+
+@rule("FMLA008")
+def combine_parts(p: Plan):
+    """``num_sm_parts <= 160``: the combine kernel is dispatched for at most 160 partitions.
+
+    ## What it checks
+    ``num_sm_parts`` follows from the GPU's SM count and the call's shape; the combine kernel that
+    merges split results has instantiations up to 160 partitions. Only GPUs with more than 160 SMs
+    (or custom profiles) can reach it.
+
+    ## Why it crashes
+    No matching dispatch case: the library reports an error and calls ``exit(1)``.
+
+    ## Example
+    A custom profile with ``num_sms = 264`` and s_q = 1, h_q = 64.
+
+    ## Fix
+    None on the engine side short of a FlashMLA build with more combine instantiations.
+
+    ## Source
+    FlashMLA 9241ae3 ``combine.cu`` dispatch (read from source).
+    """
+    lim = p.gen["combine"]["max_num_sm_parts"]
+    if p.num_sm_parts is None or p.num_sm_parts <= lim:
+        return None
+    return [combine_parts.rule.finding(
+        f"num_sm_parts expected <= {lim}, got {p.num_sm_parts} ({p.implementation.parts_formula} with num_sms={p.gpu.num_sms})",
+        subject=_subject(p), numbers={"num_sm_parts": p.num_sm_parts, "max": lim},
+        fix="use a FlashMLA build whose combine kernel covers this many partitions")]
+
+
+@rule("FMLA009")
+def int32_strides(p: Plan):
+    """Every tensor stride of the call fits in int32.
+
+    ## What it checks
+    FlashMLA passes strides as 32-bit ints. The largest strides of a decode call are ``q``'s batch
+    stride ``s_q*h_q*d_qk``, ``o_accum``'s row stride ``s_q*h_q*512``, ``indices``' batch stride
+    ``s_q*topk`` and the KV block stride ``page*bytes_per_token``.
+
+    ## Why it crashes
+    A host-side check raises a Python exception (recoverable).
+
+    ## Example
+    ``s_q = 65536, h_q = 128``: ``o_accum`` row stride 2^32.
+
+    ## Fix
+    Fewer query tokens per request per call.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/api/`` parameter structs (read from source).
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall):
+        return None
+    strides = {
+        "q.stride(0) = s_q*h_q*d_qk": c.s_q * c.h_q * c.d_qk,
+        "o_accum.stride(0) = s_q*h_q*512": c.s_q * c.h_q * p.gen["oaccum"]["d_v"],
+    }
+    if c.kind == "sparse":
+        strides["indices.stride(0) = s_q*topk"] = c.s_q * c.topk
+        if c.extra_topk is not None:
+            strides["extra_indices.stride(0) = s_q*extra_topk"] = c.s_q * c.extra_topk
+        bpt = c.bytes_per_token or {576: 656, 512: 584}.get(c.d_qk, c.d_qk)
+        strides["kv.stride(0) = page*bytes_per_token"] = c.page * bpt
+    out = []
+    for name, v in strides.items():
+        if v > INT32_MAX:
+            out.append(int32_strides.rule.finding(
+                f"{name} expected <= {INT32_MAX}, got {v}", subject=_subject(p),
+                numbers={"stride": name, "value": v, "max": INT32_MAX}, fix="fewer query tokens or heads per call"))
+    return out
+
+
+@rule("FMLA010")
+def workspace(p: Plan):
+    """The split-KV workspace must fit in GPU memory (a warning: the failure is recoverable).
+
+    ## What it checks
+    Each call allocates fp32 ``lse_accum [b+P, s_q, h_q]`` and ``o_accum [b+P, s_q, h_q, 512]``:
+    ``(b+P)*s_q*h_q*2052`` bytes. It is compared with the GPU profile's memory when known
+    (``memory_bytes``): a warning above it, an info line above a tenth of it.
+
+    ## Why it crashes
+    ``torch.OutOfMemoryError`` from the caching allocator - recoverable, but the step fails.
+
+    ## Example
+    b = 11622, s_q = 8, h_q = 128: 23 GiB of workspace.
+
+    ## Fix
+    Fewer query rows or query tokens per call.
+
+    ## Source
+    FlashMLA 9241ae3 ``flash_mla_interface.py`` (read from source).
+    """
+    nbytes = p.workspace_bytes
+    if nbytes is None:
+        return None
+    mem = getattr(p.gpu, "memory_bytes", None)
+    if mem and nbytes > mem:
+        return [workspace.rule.finding(
+            f"split-KV workspace expected <= {_fmt_bytes(mem)} (GPU memory), got {_fmt_bytes(nbytes)} ({nbytes} B)",
+            subject=_subject(p), numbers={"workspace_bytes": nbytes, "gpu_memory_bytes": mem},
+            fix="fewer query rows or query tokens per call")]
+    if mem and nbytes > mem // 10:
+        return [workspace.rule.finding(
+            f"split-KV workspace is {_fmt_bytes(nbytes)} ({nbytes} B) for (b+P)={p.workspace_rows} rows, "
+            f"over a tenth of the GPU's {_fmt_bytes(mem)}",
+            subject=_subject(p), numbers={"workspace_bytes": nbytes}, severity="info",
+            fix="make sure the allocator has this much free memory")]
+    return None
+
+
+@rule("FMLA011")
+def dense_envelope(p: Plan):
+    """Dense decode runs only on SM90 with a page block size of 64.
+
+    ## What it checks
+    The dense (block-table) decode path exists for SM90 only, with 64-token KV pages.
+
+    ## Why it crashes
+    A Python exception from the host-side checks (recoverable).
+
+    ## Example
+    ``"kind": "dense", "page": 32``, or a dense call on a B200.
+
+    ## Fix
+    Use page size 64; on SM100 use the sparse path.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/api/dense_decode.h`` (read from source).
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "dense":
+        return None
+    out = []
+    if p.gpu.arch != 9:
+        out.append(dense_envelope.rule.finding(
+            f"dense decode expected an SM90 GPU, got {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]})", subject=_subject(p),
+            numbers={"cc": list(p.gpu.cc)}, fix="use the sparse decode path on this GPU"))
+    if c.page != 64:
+        out.append(dense_envelope.rule.finding(
+            f"dense page block size expected 64, got {c.page}", subject=_subject(p),
+            numbers={"field": "page", "expected": 64, "got": c.page}, fix="allocate the paged KV cache with 64-token pages"))
+    return out
+
+
+@rule("FMLA012")
+def sparse_requirements(p: Plan):
+    """Sparse decode needs ``is_fp8_kvcache=True`` and ``causal=False``.
+
+    ## What it checks
+    The sparse (indices) path reads an fp8 KV cache and ignores causality (indices define it).
+
+    ## Why it crashes
+    A Python exception from the interface's checks (recoverable).
+
+    ## Example
+    ``"kind": "sparse", "is_fp8": false``.
+
+    ## Fix
+    Quantize the KV cache to the fp8 layout; pass ``causal=False``.
+
+    ## Source
+    FlashMLA 9241ae3 ``flash_mla_interface.py`` (read from source).
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or c.kind != "sparse":
+        return None
+    out = []
+    if not c.is_fp8:
+        out.append(sparse_requirements.rule.finding("is_fp8 expected true for sparse decode, got false",
+                                                    subject=_subject(p), numbers={"field": "is_fp8"},
+                                                    fix="use the fp8 KV cache layout"))
+    if c.causal:
+        out.append(sparse_requirements.rule.finding("causal expected false for sparse decode, got true",
+                                                    subject=_subject(p), numbers={"field": "causal"},
+                                                    fix="pass causal=False; indices define what is attended"))
+    return out
+
+
+@rule("FMLA013")
+def implementation_exists(p: Plan):
+    """There must be a decode implementation for the GPU's architecture and the call's shape.
+
+    ## What it checks
+    FlashMLA's decode kernels exist for SM90 (sparse and dense) and SM100 (sparse: head64, head64x2
+    for h_q=128/d_qk=576, head128 for h_q=128/d_qk=512).
+
+    ## Why it crashes
+    A Python exception (unsupported architecture).
+
+    ## Example
+    A sparse decode on an A100 (sm80), or h_q = 96 on a B200.
+
+    ## Fix
+    Run on a supported GPU, or pad heads to a supported count.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/api/sparse_decode.h``, ``dense_decode.h``.
+    """
+    c = p.call
+    if not isinstance(c, DecodeCall) or p.implementation is not None:
+        return None
+    if c.kind == "sparse" and p.gpu.arch == 9:
+        return None  # SM90 dispatches every sparse shape; bad heads are FMLA005's crash
+    if c.kind == "dense" and p.gpu.arch != 9:
+        return None  # FMLA011 says it
+    return [implementation_exists.rule.finding(
+        f"no {c.kind} decode implementation for {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]}) with h_q={c.h_q}, d_qk={c.d_qk}",
+        subject=_subject(p), numbers={"cc": list(p.gpu.cc), "h_q": c.h_q, "d_qk": c.d_qk},
+        fix="use an SM90 or SM100 GPU and a supported head count")]
+
+
+@rule("FMLA014")
+def sparse_prefill_rows(p: Plan):
+    """``flash_mla_sparse_fwd`` needs at least one query row (and has no upper row limit).
+
+    ## What it checks
+    The sparse prefill kernel has no scheduler, so no shared-memory row limit (measured up to
+    200000 rows), but an empty chunk (``s_q == 0``) must never reach it.
+
+    ## Why it crashes
+    With zero rows the TMA descriptor is invalid: the process prints a descriptor dump and dies
+    with SIGSEGV.
+
+    ## Example
+    ``{"kind": "prefill", "s_q": 0, "h_q": 64, "d_qk": 512, "topk": 512}``.
+
+    ## Fix
+    Skip the call when a chunk has no rows.
+
+    ## Source
+    FlashMLA 9241ae3 ``flash_mla_sparse_fwd``; measured on an H200 (0 crashes; 1..200000 run).
+    """
+    c = p.call
+    if not isinstance(c, SparsePrefillCall) or c.s_q > 0:
+        return None
+    return [sparse_prefill_rows.rule.finding("query rows expected >= 1, got 0", subject=_subject(p),
+                                             numbers={"s_q": 0, "min": 1}, fix="do not launch the kernel for an empty chunk")]
