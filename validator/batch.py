@@ -1,22 +1,277 @@
-"""Engine batches (filled in by the engine-profile layer)."""
+"""Engine batches: the requests of one forward step, the engine's settings, and the GPU.
+
+A batch document (JSON or YAML)::
+
+    engine: sglang-dsv4@pre-25418     # profile[@version]; a list of profiles is allowed
+    gpu: H200
+    server_args: {chunked_prefill_size: 8192, enable_mixed_chunk: false}
+    forward_mode: extend              # extend | decode | mixed | target_verify | draft_extend
+    requests:
+      - {id: r1, extend_tokens: 4096, prefix_len: 0, req_pool_idx: 1}
+    running:                          # optional: running requests not in this forward
+      - {id: d1, seq_len: 2000, req_pool_idx: 2}
+
+:func:`check_batch` derives the kernel calls and slot-indexed buffers through the engine profiles,
+runs every rule, and proposes the minimal safe split when the batch is illegal.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence
 
-def is_batch_like(obj) -> bool:
-    return False
+from .calls import MAX_ROWS
+from .errors import InputError
+from .knowledge import GPU, load, resolve_gpu
+
+FORWARD_MODES = ("extend", "decode", "mixed", "target_verify", "draft_extend")
+MODE_ALIASES = {"prefill": "extend", "verify": "target_verify", "draft": "draft_extend", "idle": None}
+MAX_REQUESTS = 1 << 20
+MAX_TOKENS = 1 << 24
+
+# server_args the profiles read, with their types (SGLang flag names, underscores).
+KNOWN_ARGS: dict[str, type | tuple] = {
+    "chunked_prefill_size": int, "max_prefill_tokens": int, "enable_mixed_chunk": bool,
+    "max_running_requests": int, "dp_size": int, "enable_dp_attention": bool, "tp_size": int,
+    "disaggregation_mode": (str, type(None)), "disaggregation_decode_extra_slots": (int, type(None)),
+    "speculative_algorithm": (str, type(None)), "speculative_num_draft_tokens": (int, type(None)),
+    "speculative_num_steps": (int, type(None)), "context_length": (int, type(None)),
+    "prefill_max_requests": (int, type(None)), "cuda_graph_max_bs": (int, type(None)),
+}
 
 
-def is_batch_document(doc) -> bool:
-    return isinstance(doc, dict) and ("requests" in doc or "engine" in doc or "profile" in doc)
+def normalize_arg_name(name: str) -> str:
+    return name.strip().lstrip("-").replace("-", "_")
 
 
-def check_batch(obj, gpu=None, kernel=None, **kwargs):
-    raise NotImplementedError
+@dataclass(frozen=True)
+class Request:
+    """One request of the forward. ``rows`` are its query rows in this forward (set by the profile)."""
+
+    id: str
+    extend_tokens: int = 0       # new tokens computed in this forward (extend / draft extend)
+    prefix_len: int = 0          # cached prefix (extend) - not query rows
+    seq_len: int | None = None   # current sequence length (decode / verify)
+    req_pool_idx: int | None = None
+    dp_rank: int = 0
+    is_decode: bool = False      # a decode-style entry (one row, or draft tokens when verifying)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens of KV this request attends to at its last row."""
+        if self.is_decode:
+            return self.seq_len or 1
+        return self.prefix_len + self.extend_tokens
 
 
-def check_batch_document(doc, gpu=None, kernel=None):
-    raise NotImplementedError
+@dataclass(frozen=True)
+class Batch:
+    profiles: tuple[tuple[str, str | None], ...]   # (profile name, version or None)
+    gpu: GPU
+    server_args: Mapping[str, Any]
+    forward_mode: str
+    requests: tuple[Request, ...]
+    running: tuple[Request, ...] = ()
+    padded_rows: int | None = None
+    model: Mapping[str, Any] = field(default_factory=dict)
+    buffers: tuple = ()
+    label: str = ""
+
+    def arg(self, name: str, default: Any = None) -> Any:
+        v = self.server_args.get(name)
+        return default if v is None else v
+
+    @property
+    def mixed(self) -> bool:
+        """Running decodes are merged into this extend forward (``--enable-mixed-chunk``)."""
+        if self.forward_mode == "mixed":
+            return True
+        return self.forward_mode == "extend" and bool(self.arg("enable_mixed_chunk", False)) and bool(self.running)
+
+    def with_requests(self, reqs: Sequence[Request]) -> "Batch":
+        return replace(self, requests=tuple(reqs))
+
+    def to_doc(self) -> dict:
+        eng = [f"{n}@{v}" if v else n for n, v in self.profiles]
+        d: dict = {"engine": eng[0] if len(eng) == 1 else eng, "gpu": self.gpu.name,
+                   "server_args": dict(self.server_args), "forward_mode": self.forward_mode,
+                   "requests": [_req_doc(r) for r in self.requests]}
+        if self.running:
+            d["running"] = [_req_doc(r) for r in self.running]
+        if self.padded_rows is not None:
+            d["padded_rows"] = self.padded_rows
+        if self.model:
+            d["model"] = dict(self.model)
+        return d
 
 
-def render_batch(report, payload, console):
-    raise NotImplementedError
+def _req_doc(r: Request) -> dict:
+    d: dict = {"id": r.id}
+    if r.is_decode:
+        d["seq_len"] = r.seq_len
+    else:
+        d["extend_tokens"] = r.extend_tokens
+        if r.prefix_len:
+            d["prefix_len"] = r.prefix_len
+    if r.req_pool_idx is not None:
+        d["req_pool_idx"] = r.req_pool_idx
+    if r.dp_rank:
+        d["dp_rank"] = r.dp_rank
+    return d
+
+
+# ----------------------------------------------------------------------------------- parsing
+def _int(d: Mapping, key: str, where: str, lo: int, hi: int, default: Any = ...) -> Any:
+    if key not in d or d[key] is None:
+        if default is ...:
+            raise InputError(f"{where}.{key}", "missing")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise InputError(f"{where}.{key}", f"expected an integer, got {v!r}")
+    if v < lo:
+        raise InputError(f"{where}.{key}", f"expected >= {lo}, got {v}")
+    if v > hi:
+        raise InputError(f"{where}.{key}", f"{v} is absurd (expected <= {hi})")
+    return v
+
+
+REQUEST_KEYS = {"id", "rid", "extend_tokens", "extend_len", "new_tokens", "prefix_len", "cached_tokens",
+                "seq_len", "req_pool_idx", "slot", "dp_rank", "kind", "output_len"}
+
+
+def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Request:
+    if not isinstance(d, Mapping):
+        raise InputError(where, f"expected an object with id / extend_tokens / seq_len / req_pool_idx, got {d!r}")
+    for k in d:
+        if k not in REQUEST_KEYS:
+            raise InputError(f"{where}.{k}", f"unknown field (known: {', '.join(sorted(REQUEST_KEYS))})")
+    rid = d.get("id", d.get("rid", f"r{index}"))
+    if not isinstance(rid, (str, int)) or isinstance(rid, bool):
+        raise InputError(f"{where}.id", f"expected a string, got {rid!r}")
+    ext_key = next((k for k in ("extend_tokens", "extend_len", "new_tokens") if k in d), "extend_tokens")
+    kind = d.get("kind")
+    if kind not in (None, "extend", "decode"):
+        raise InputError(f"{where}.kind", f"expected \"extend\" or \"decode\", got {kind!r}")
+    is_decode = kind == "decode" or (kind is None and default_decode and ext_key not in d) or (
+        kind is None and "seq_len" in d and ext_key not in d)
+    extend = _int(d, ext_key, where, 0, MAX_TOKENS, 0 if is_decode else ...)
+    prefix = _int(d, "prefix_len" if "prefix_len" in d else "cached_tokens", where, 0, 1 << 31, 0)
+    seq_len = _int(d, "seq_len", where, 1, 1 << 31, None)
+    if is_decode and seq_len is None:
+        seq_len = prefix + 1 if prefix else None
+        if seq_len is None:
+            raise InputError(f"{where}.seq_len", "missing (a decode entry needs its current sequence length)")
+    slot = _int(d, "req_pool_idx" if "req_pool_idx" in d else "slot", where, 0, 1 << 31, None)
+    dp_rank = _int(d, "dp_rank", where, 0, 4096, 0)
+    return Request(str(rid), extend, prefix, seq_len, slot, dp_rank, is_decode)
+
+
+def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
+    data = load("engines")
+    specs = spec if isinstance(spec, list) else [spec]
+    out = []
+    for i, s in enumerate(specs):
+        where = "engine" if not isinstance(spec, list) else f"engine[{i}]"
+        if not isinstance(s, str) or not s.strip():
+            raise InputError(where, f"expected a profile name like 'sglang-dsv4@0.5.12', got {s!r}")
+        name, _, version = s.strip().partition("@")
+        name = data["aliases"].get(name, name)
+        if name not in data["profiles"]:
+            raise InputError(where, f"unknown engine profile {name!r}; known: {', '.join(data['profiles'])}")
+        out.append((name, version or None))
+    return tuple(out)
+
+
+def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
+    """Validate a batch document. Raises :class:`InputError` naming the bad field."""
+    if not isinstance(doc, Mapping):
+        raise InputError("batch", f"expected an object, got {type(doc).__name__}")
+    allowed = {"engine", "profile", "gpu", "server_args", "forward_mode", "requests", "running",
+               "padded_rows", "model", "buffers", "label", "name", "expected"}
+    for k in doc:
+        if k not in allowed:
+            raise InputError(str(k), f"unknown field (known: {', '.join(sorted(allowed))})")
+    if "engine" not in doc and "profile" not in doc:
+        raise InputError("engine", "missing (an engine profile such as sglang-dsv4 or sglang-slots)")
+    profiles = parse_engine(doc.get("engine", doc.get("profile")))
+    g = resolve_gpu(gpu if gpu is not None else doc.get("gpu", "H200"))
+    sa_raw = doc.get("server_args") or {}
+    if not isinstance(sa_raw, Mapping):
+        raise InputError("server_args", f"expected an object of engine flags, got {sa_raw!r}")
+    sa: dict[str, Any] = {}
+    for k, v in sa_raw.items():
+        key = normalize_arg_name(str(k))
+        typ = KNOWN_ARGS.get(key)
+        if typ is not None:
+            types = typ if isinstance(typ, tuple) else (typ,)
+            ok = isinstance(v, types) and not (bool not in types and isinstance(v, bool))
+            if not ok:
+                names = "/".join("null" if t is type(None) else t.__name__ for t in types)
+                raise InputError(f"server_args.{key}", f"expected {names}, got {v!r}")
+            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+                raise InputError(f"server_args.{key}", f"expected >= 0, got {v}")
+        sa[key] = v
+    mode = doc.get("forward_mode")
+    if mode is None:
+        raise InputError("forward_mode", f"missing (one of {', '.join(FORWARD_MODES)})")
+    if not isinstance(mode, str):
+        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {mode!r}")
+    mode = MODE_ALIASES.get(mode.lower(), mode.lower())
+    if mode not in FORWARD_MODES:
+        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {doc.get('forward_mode')!r}")
+    reqs_raw = doc.get("requests")
+    if not isinstance(reqs_raw, list) or not reqs_raw:
+        raise InputError("requests", "expected a non-empty list of requests in this forward")
+    if len(reqs_raw) > MAX_REQUESTS:
+        raise InputError("requests", f"{len(reqs_raw)} requests is absurd (expected <= {MAX_REQUESTS})")
+    default_decode = mode in ("decode", "target_verify")
+    reqs = tuple(parse_request(r, f"requests[{i}]", default_decode, i) for i, r in enumerate(reqs_raw))
+    ids = [r.id for r in reqs]
+    if len(set(ids)) != len(ids):
+        dup = next(x for x in ids if ids.count(x) > 1)
+        raise InputError("requests", f"duplicate request id {dup!r}")
+    if sum(r.extend_tokens for r in reqs) > MAX_ROWS:
+        raise InputError("requests", f"total extend tokens {sum(r.extend_tokens for r in reqs)} is absurd (expected <= {MAX_ROWS})")
+    running_raw = doc.get("running") or []
+    if not isinstance(running_raw, list):
+        raise InputError("running", "expected a list of running requests")
+    running = tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running_raw))
+    padded = _int(doc, "padded_rows", "batch", 0, MAX_ROWS, None) if "padded_rows" in doc else None
+    model = doc.get("model") or {}
+    if not isinstance(model, Mapping):
+        raise InputError("model", f"expected an object, got {model!r}")
+    buffers = doc.get("buffers") or []
+    if not isinstance(buffers, list):
+        raise InputError("buffers", "expected a list of {name, rows, scope}")
+    label = doc.get("label") or doc.get("name") or ""
+    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label))
+
+
+def is_batch_document(doc: Any) -> bool:
+    return isinstance(doc, Mapping) and ("requests" in doc or "engine" in doc or "forward_mode" in doc)
+
+
+def is_batch_like(obj: Any) -> bool:
+    return isinstance(obj, Batch) or is_batch_document(obj)
+
+
+# ----------------------------------------------------------------------------------- checking
+def check_batch(obj: Any, gpu: Any = None, kernel: str | None = None, split: bool = True):
+    """Check an engine batch (a :class:`Batch` or a batch document) and return a Report."""
+    from .engine import check_engine_batch
+
+    b = obj if isinstance(obj, Batch) else batch_from_dict(obj, gpu)
+    if gpu is not None and isinstance(obj, Batch):
+        b = replace(b, gpu=resolve_gpu(gpu))
+    return check_engine_batch(b, kernel=kernel, split=split)
+
+
+def check_batch_document(doc: Any, gpu: Any = None, kernel: str | None = None):
+    report = check_batch(doc, gpu=gpu, kernel=kernel)
+    return report, {"kind": "batch", **report.context}
+
+
+def render_batch(report, payload, console) -> None:
+    from .render_batch import render_batch as _render
+
+    _render(report, payload, console)

@@ -159,6 +159,7 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable verdict: legal, findings, calls, safe_split."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     run_kernel: bool = typer.Option(False, "--kernel", help="Also run the real FlashMLA kernels (needs a GPU and a FlashMLA build) and diff them with the model."),
+    reproduce: bool = typer.Option(False, "--reproduce", help="For slot findings, build the real buffers with PyTorch on the CPU and do the engine's index (needs torch)."),
 ):
     """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input.
 
@@ -167,6 +168,8 @@ def check(
     * `validate-batch check --example dsv4-prefill-3x4096`
 
     * `validate-batch check batch.yaml --json`
+
+    * `validate-batch check --example pd-decode-slot-96 --reproduce`
 
     * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
     """
@@ -179,6 +182,11 @@ def check(
         if file is None:
             raise InputError("FILE", "give a file, '-' for stdin, or --example NAME")
         report, payload = check_documents(file, gpu, kernel)
+        repro = None
+        if reproduce:
+            from .reproduce import reproduce_slot_findings
+
+            repro = reproduce_slot_findings(report)
         kernel_result = None
         if run_kernel:
             from .kernel.check import kernel_check_report
@@ -191,9 +199,17 @@ def check(
         d.update(payload)
         if kernel_result is not None:
             d["kernel"] = kernel_result
+        if repro is not None:
+            d["reproduction"] = repro
         emit_json(d)
     elif not quiet:
         render_report(report, payload, out)
+        for rp in repro or []:
+            if not rp.get("available"):
+                out.print(f"reproduction: skipped - {rp['reason']}")
+            else:
+                out.print(f"reproduction (PyTorch, CPU): {rp['buffer']} {rp['dtype']}{rp['shape']}, {rp['operation']} "
+                          f"with indices {rp['index']} -> {rp.get('error_type', '')}: {rp['error'] or 'no error'}")
         if kernel_result is not None:
             from .kernel.check import render_kernel_result
 

@@ -56,6 +56,7 @@ class Report:
     plans: list = field(default_factory=list)
     safe_split: Any = None
     context: dict = field(default_factory=dict)
+    batch_plan: Any = None
 
     @property
     def legal(self) -> bool:

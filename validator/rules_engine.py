@@ -1,1 +1,257 @@
-"""SGL0xx / SLOT0xx engine rules (registered by the engine profiles)."""
+"""SGL0xx (engine routing) and SLOT0xx (request slots): rules over a BatchPlan."""
+from __future__ import annotations
+
+from .registry import rule
+
+
+def _slot_reqs(bp):
+    return [r for r in bp.batch.requests if r.req_pool_idx is not None]
+
+
+@rule("SGL001", scope="batch")
+def decode_kernel_rows(bp):
+    """The engine sends more query rows to FlashMLA's decode kernel than its scheduler can take.
+
+    ## What it checks
+    SGLang's DeepSeek-V4 backend passes ``q`` as ``[T, 1, h_q, 512]``: FlashMLA's ``b`` is the number
+    of query rows ``T`` of the forward (extend: new tokens, plus merged decodes under mixed chunking;
+    decode: batch size; target verify: batch size x draft tokens; draft extend: tokens). Versions
+    with sparse-prefill routing send extend forwards above 11673 rows to ``flash_mla_sparse_fwd``;
+    the real limit is 11622, so 11623..11673-row prefills still reach the decode kernel, and decode,
+    verify and draft-extend forwards are never routed.
+
+    ## Why it crashes
+    The decode kernel's scheduler cannot get ``4*(5T+1)`` bytes of shared memory: ``CUDA error
+    (.../get_decoding_sched_meta.cu:111): invalid argument`` and ``exit(1)`` kill the scheduler process.
+
+    ## Example
+    ``Prefill batch, #new-seq: 3, #new-token: 12288, #running-req: 1`` on a version without routing;
+    a 11640-token prefill on a version with it.
+
+    ## Fix
+    Cap ``--chunked-prefill-size`` (and ``--max-prefill-tokens``) at the limit minus merged decodes;
+    split the batch as proposed; for verify, keep ``max_running_requests x draft tokens`` below it.
+
+    ## Source
+    SGLang ``deepseek_v4_backend.py``; routing in sgl-project/sglang PR #25418 / #25502.
+    """
+    if bp.rows is None or bp.routing.get("routed") or bp.max_decode_rows is None:
+        return None
+    T, L = bp.rows, bp.max_decode_rows
+    if T <= L:
+        return None
+    thr = bp.routing.get("threshold")
+    mode = bp.batch.forward_mode
+    if thr is None:
+        why = f"SGLang {bp.routing['version']} sends every forward to flash_mla_with_kvcache"
+    elif mode in ("extend", "mixed"):
+        why = (f"the routing threshold {thr} is above the real limit {L}: extend forwards of {L + 1}..{thr} rows "
+               f"still go to flash_mla_with_kvcache")
+    else:
+        why = f"{mode} forwards are never routed to flash_mla_sparse_fwd"
+    parts = ", ".join(f"{k} {v}" for k, v in bp.row_breakdown.items() if v)
+    return [decode_kernel_rows.rule.finding(
+        f"{mode} forward sends {T} query rows to FlashMLA's decode kernel; expected <= {L} on {bp.batch.gpu.name}, got {T} "
+        f"({parts}); {why}",
+        subject=f"{mode} forward of {len(bp.batch.requests)} request(s)",
+        numbers={"query_rows": T, "max_rows": L, "threshold": thr, **bp.row_breakdown},
+        fix=f"split the forward (see safe_split) or cap --chunked-prefill-size at {L}"
+            + (f" minus merged decodes" if bp.batch.mixed else ""),
+    )]
+
+
+@rule("SGL002", scope="batch")
+def empty_sparse_prefill(bp):
+    """A forward routed to ``flash_mla_sparse_fwd`` must have at least one query row.
+
+    ## What it checks
+    Extend forwards routed to the sparse prefill kernel pass all their rows at once; a forward (or
+    a chunk) with zero rows must not be launched.
+
+    ## Why it crashes
+    ``flash_mla_sparse_fwd`` with ``s_q = 0`` builds an invalid TMA descriptor and the process dies
+    with SIGSEGV.
+
+    ## Example
+    An extend forward whose requests were all fully cached (0 new tokens) with padding disabled.
+
+    ## Fix
+    Skip the attention call for empty forwards.
+
+    ## Source
+    FlashMLA ``flash_mla_sparse_fwd`` (measured: 0 rows crash); SGLang DSv4 backend routing.
+    """
+    if bp.rows is None or bp.rows > 0:
+        return None
+    return [empty_sparse_prefill.rule.finding(
+        f"{bp.batch.forward_mode} forward has 0 query rows; expected >= 1",
+        subject="forward", numbers={"query_rows": 0}, fix="do not launch attention for an empty forward")]
+
+
+@rule("SLOT001", scope="batch")
+def slot_in_table(bp):
+    """``req_pool_idx`` must address a row of the request table (``1 .. T_rows-1``).
+
+    ## What it checks
+    The request table (``req_to_token``) has ``T_rows = R + 1`` rows, or ``R + E + 1`` on a PD decode
+    worker (``E`` pre-allocation slots); row 0 is the reserved padding row. A live request's slot
+    outside it is a bookkeeping bug in the engine.
+
+    ## Why it crashes
+    On CPU: ``index N is out of bounds for dimension 0 with size T_rows``; on GPU an unchecked index
+    is an illegal memory access (or a device-side assert).
+
+    ## Example
+    R = 32, PD decode with E = 64: slots up to 96 are valid; 97 is not.
+
+    ## Fix
+    Fix the slot allocator; check ``--max-running-requests`` and ``--disaggregation-decode-extra-slots``.
+
+    ## Source
+    SGLang ``ReqToTokenPool`` / ``DecodeReqToTokenPool(size=R, pre_alloc_size=E)``.
+    """
+    if bp.slots is None:
+        return None
+    t = bp.slots.table_rows
+    out = []
+    for r in _slot_reqs(bp):
+        if r.req_pool_idx >= t:
+            out.append(slot_in_table.rule.finding(
+                f"request {r.id} holds slot {r.req_pool_idx}; expected a slot in 1..{t - 1} of the {t}-row request table, got {r.req_pool_idx}",
+                subject=f"request {r.id}, slot {r.req_pool_idx}",
+                numbers={"request": r.id, "slot": r.req_pool_idx, "table_rows": t},
+                fix="the engine handed out a slot beyond its table: check max_running_requests / extra slots"))
+        elif r.req_pool_idx == 0:
+            out.append(slot_in_table.rule.finding(
+                f"request {r.id} holds slot 0, the reserved padding row; expected 1..{t - 1}",
+                subject=f"request {r.id}, slot 0", numbers={"request": r.id, "slot": 0}, severity="warning",
+                fix="real requests never hold slot 0; only CUDA-graph padding rows use it"))
+    return out
+
+
+@rule("SLOT002", scope="batch")
+def slot_in_buffers(bp):
+    """Every buffer indexed by ``req_pool_idx`` needs more rows than the largest live slot.
+
+    ## What it checks
+    Per-request buffers (DSA compression tails, mapping tables, ...) are indexed by the request's
+    slot. Each must have at least ``T_rows`` rows. The DSA tails are ``[rows, index_kpool +
+    draft_tokens, 128]`` bf16 with ``rows = max_running_requests_arg + 1``: the hybrid (target)
+    builder passes the table's rows, but the plain builder used by the NextN draft - which shares
+    the target's request table - passed the scheduler limit ``R``: ``R + 1`` rows while slots go up
+    to ``R + E``. A live slot beyond a buffer is an error; a buffer smaller than the live slot
+    domain is reported as a warning even when this batch's slots happen to fit.
+
+    ## Why it crashes
+    On CPU: ``index 96 is out of bounds for dimension 0 with size 33``. On GPU the Triton write has
+    no bounds check: it corrupts memory and a later, unrelated kernel reports an illegal memory access.
+
+    ## Example
+    PD decode, R = 32, E = 64 (T_rows = 97), NextN draft tails sized 33 rows, draft-extend forward
+    holding slot 96.
+
+    ## Fix
+    Size every slot-indexed buffer from the request table's rows (the upstream fix passes T_rows:
+    98 rows); or, as a stopgap, ``--disaggregation-decode-extra-slots 0``. No batch split helps:
+    the slot is the request's.
+
+    ## Source
+    SGLang ``DSATokenToKVPool`` compression tails; the hybrid builder versus the plain DSA builder.
+    """
+    if bp.slots is None:
+        return None
+    out = []
+    live_max = bp.slots.table_rows - 1
+    for buf in bp.slots.buffers[1:]:
+        if buf.indexed_by != "req_pool_idx":
+            continue
+        bad = [r for r in _slot_reqs(bp) if r.req_pool_idx < bp.slots.table_rows and r.req_pool_idx >= buf.rows]
+        for r in bad:
+            out.append(slot_in_buffers.rule.finding(
+                f"request {r.id} holds slot {r.req_pool_idx} but {buf.name} has {buf.rows} rows; expected slot < {buf.rows}, "
+                f"got {r.req_pool_idx} (index {r.req_pool_idx} is out of bounds for dimension 0 with size {buf.rows})",
+                subject=f"request {r.id}, slot {r.req_pool_idx}, buffer {buf.name}",
+                numbers={"request": r.id, "slot": r.req_pool_idx, "buffer": buf.name, "buffer_rows": buf.rows,
+                         "table_rows": bp.slots.table_rows, "sizing": buf.sizing},
+                fix=f"size {buf.name} from the request table: {bp.slots.table_rows + 1} rows (table rows + 1)"))
+        if not bad and buf.rows <= live_max:
+            out.append(slot_in_buffers.rule.finding(
+                f"{buf.name} has {buf.rows} rows but live slots go up to {live_max}; this batch fits, a request holding slot "
+                f">= {buf.rows} will crash",
+                subject=f"buffer {buf.name}", severity="warning",
+                numbers={"buffer": buf.name, "buffer_rows": buf.rows, "max_live_slot": live_max, "sizing": buf.sizing},
+                fix=f"size {buf.name} from the request table: {bp.slots.table_rows + 1} rows"))
+    return out
+
+
+@rule("SLOT003", scope="batch")
+def tail_width(bp):
+    """DSA compression tails must be ``index_kpool + draft tokens`` wide.
+
+    ## What it checks
+    The tails hold ``index_kpool`` compressed entries plus one slot per speculative draft token
+    (``tail_extra_slots``). A tail built for fewer draft tokens than the engine runs is too narrow.
+
+    ## Why it crashes
+    The backend asserts ``tail_k.shape[1] == index_kpool + tail_extra_slots``: a Python
+    AssertionError (recoverable, but the forward fails).
+
+    ## Example
+    ``--speculative-num-draft-tokens 4`` with tails built with ``tail_extra_slots = 0``.
+
+    ## Fix
+    Build the tails with ``tail_extra_slots = speculative_num_draft_tokens``.
+
+    ## Source
+    SGLang DSA compression tail allocation.
+    """
+    if bp.slots is None:
+        return None
+    out = []
+    for buf in bp.slots.buffers:
+        if buf.width is not None and buf.required_width is not None and buf.width != buf.required_width:
+            out.append(tail_width.rule.finding(
+                f"{buf.name} width expected index_kpool + draft tokens = {buf.required_width}, got {buf.width}",
+                subject=f"buffer {buf.name}",
+                numbers={"buffer": buf.name, "width": buf.width, "required_width": buf.required_width},
+                fix="build the tails with tail_extra_slots = speculative_num_draft_tokens"))
+    return out
+
+
+@rule("SLOT004", scope="batch")
+def per_dp_buffer_global_slot(bp):
+    """A buffer sized per DP rank must not be indexed by a global slot.
+
+    ## What it checks
+    With attention data parallelism each DP worker has its own request table; a buffer sized for
+    one worker (``R / dp_size`` rows) but indexed by a slot numbered across all workers overflows on
+    every rank but the first.
+
+    ## Why it crashes
+    On CPU: ``index 32 is out of bounds for dimension 0 with size 32``; on GPU an illegal memory access.
+
+    ## Example
+    ``--max-running-requests 64 --dp-size 2``: a mamba slot mapping table with 32 rows indexed by
+    global slots up to 63.
+
+    ## Fix
+    Size the buffer from the global slot count, or index it with the worker-local slot.
+
+    ## Source
+    SGLang mamba slot mapping (same bug class as the DSA tails).
+    """
+    if bp.slots is None:
+        return None
+    out = []
+    for buf in bp.slots.buffers:
+        if buf.indexed_by != "global_slot":
+            continue
+        for r in _slot_reqs(bp):
+            if r.req_pool_idx >= buf.rows:
+                out.append(per_dp_buffer_global_slot.rule.finding(
+                    f"request {r.id} has global slot {r.req_pool_idx} but {buf.name} ({buf.scope}) has {buf.rows} rows; "
+                    f"expected slot < {buf.rows}, got {r.req_pool_idx}",
+                    subject=f"request {r.id}, slot {r.req_pool_idx}, buffer {buf.name}",
+                    numbers={"request": r.id, "slot": r.req_pool_idx, "buffer": buf.name, "buffer_rows": buf.rows},
+                    fix="size the buffer for all DP ranks' slots, or index it with the local slot"))
+    return out

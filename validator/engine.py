@@ -1,0 +1,376 @@
+"""Engine profiles: turn a :class:`~validator.batch.Batch` into the kernel calls and slot-indexed
+buffers one forward touches, then check them all.
+
+* ``sglang-dsv4``: one FlashMLA call per compression ratio, ``b`` = query rows of the forward
+  (one row per token), routed to ``flash_mla_sparse_fwd`` for large extend forwards in versions
+  that have the routing.
+* ``sglang-slots``: the request table's rows, the live slot domain, and every buffer indexed by
+  ``req_pool_idx`` (DSA compression tails of the target and of the NextN draft, user buffers).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .batch import Batch, Request
+from .calls import DecodeCall, SparsePrefillCall
+from .errors import InputError
+from .knowledge import load
+from .plan import Plan, plan
+from .registry import run_rules
+from .report import Finding, Report
+
+
+def _vtuple(v: str) -> tuple[int, ...] | None:
+    parts = v.lstrip("v").split(".")
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=None)
+def resolve_version(profile: str, version: str | None) -> dict:
+    """The version entry of a profile: by alias, by name, or by release number ranges."""
+    prof = load("engines")["profiles"][profile]
+    want = version or prof["default_version"]
+    for v in prof["versions"]:
+        if want == v["name"] or want in v.get("aliases", []):
+            return v
+    num = _vtuple(want)
+    if num is not None:
+        for v in prof["versions"]:
+            lo, hi = v.get("min_release"), v.get("max_release")
+            if (lo is None or num >= _vtuple(lo)) and (hi is None or num <= _vtuple(hi)):
+                return {**v, "matched_release": want}
+    names = [v["name"] for v in prof["versions"]] + [a for v in prof["versions"] for a in v.get("aliases", [])]
+    raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
+
+
+@dataclass
+class DerivedCall:
+    name: str
+    call: DecodeCall | SparsePrefillCall
+    plan: Plan
+    route: str  # "decode_kernel" | "sparse_prefill"
+
+
+@dataclass
+class SlotBuffer:
+    name: str
+    rows: int
+    owner: str                 # "target" | "draft" | "user"
+    scope: str = "per_dp"      # rows sized per DP worker
+    indexed_by: str = "req_pool_idx"
+    width: int | None = None
+    required_width: int | None = None
+    sizing: str = ""
+
+    def to_dict(self) -> dict:
+        d = {"name": self.name, "rows": self.rows, "owner": self.owner, "scope": self.scope,
+             "indexed_by": self.indexed_by, "sizing": self.sizing}
+        if self.width is not None:
+            d["width"] = self.width
+        if self.required_width is not None:
+            d["required_width"] = self.required_width
+        return d
+
+
+@dataclass
+class SlotModel:
+    max_running: int            # R per DP worker
+    extra_slots: int            # E
+    extra_slots_source: str
+    table_rows: int             # T_rows
+    pd_decode: bool
+    draft_tokens: int
+    buffers: list[SlotBuffer]
+
+    def to_dict(self) -> dict:
+        return {"max_running_requests_per_dp": self.max_running, "extra_slots": self.extra_slots,
+                "extra_slots_source": self.extra_slots_source, "table_rows": self.table_rows,
+                "live_slots": [1, self.table_rows - 1], "pd_decode": self.pd_decode,
+                "draft_tokens": self.draft_tokens, "buffers": [b.to_dict() for b in self.buffers]}
+
+
+@dataclass
+class BatchPlan:
+    """Everything the engine rules read about one forward, computed once."""
+
+    batch: Batch
+    versions: dict = field(default_factory=dict)
+    rows: int | None = None                    # FlashMLA b of the forward (dsv4)
+    row_breakdown: dict = field(default_factory=dict)
+    calls: list[DerivedCall] = field(default_factory=list)
+    routing: dict = field(default_factory=dict)
+    max_decode_rows: int | None = None
+    slots: SlotModel | None = None
+
+    def to_dict(self) -> dict:
+        d: dict = {"forward_mode": self.batch.forward_mode, "versions": self.versions}
+        if self.rows is not None:
+            d["query_rows"] = self.rows
+            d["row_breakdown"] = self.row_breakdown
+            d["max_decode_kernel_rows"] = self.max_decode_rows
+            d["routing"] = self.routing
+            d["kernel_calls"] = [
+                {"name": c.name, "route": c.route, "kernel": "flash_mla_sparse_fwd" if c.route == "sparse_prefill"
+                 else "flash_mla_with_kvcache", **_call_summary(c)} for c in self.calls]
+        if self.slots is not None:
+            d["slots"] = self.slots.to_dict()
+        return d
+
+
+def _call_summary(c: DerivedCall) -> dict:
+    rec = c.call.to_record()
+    for k in ("topk_length", "extra_topk_length"):
+        if k in rec:
+            rec[k] = f"[{len(rec[k])} per-row values]"
+    out = {"call": rec}
+    if c.plan.num_sm_parts is not None:
+        out["num_sm_parts"] = c.plan.num_sm_parts
+        out["sched_smem_bytes"] = c.plan.sched_smem_bytes
+    return out
+
+
+# ----------------------------------------------------------------------------------- DSv4
+def draft_tokens(batch: Batch) -> int:
+    d = batch.arg("speculative_num_draft_tokens")
+    return int(d) if d else 0
+
+
+def forward_rows(batch: Batch) -> tuple[int, dict]:
+    """Query rows ``T`` of the forward, with a breakdown per source."""
+    mode = batch.forward_mode
+    if mode in ("extend", "mixed"):
+        ext = sum(r.extend_tokens for r in batch.requests if not r.is_decode)
+        dec_in = sum(1 for r in batch.requests if r.is_decode)
+        merged = len(batch.running) if batch.mixed else 0
+        bd = {"extend_tokens": ext, "decode_rows_in_forward": dec_in, "merged_running_decodes": merged}
+        total = ext + dec_in + merged
+    elif mode == "decode":
+        total = len(batch.requests)
+        bd = {"decode_requests": total}
+    elif mode == "target_verify":
+        d = draft_tokens(batch)
+        if d <= 0:
+            raise InputError("server_args.speculative_num_draft_tokens", "missing: target_verify has batch size x draft tokens rows")
+        total = len(batch.requests) * d
+        bd = {"requests": len(batch.requests), "draft_tokens": d}
+    else:  # draft_extend
+        d = draft_tokens(batch)
+        per = [r.extend_tokens or d for r in batch.requests]
+        if any(p <= 0 for p in per):
+            raise InputError("requests", "draft_extend needs extend_tokens per request or server_args.speculative_num_draft_tokens")
+        total = sum(per)
+        bd = {"requests": len(batch.requests), "tokens": total}
+    if batch.padded_rows is not None and batch.padded_rows > total:
+        bd["padding_rows"] = batch.padded_rows - total
+        total = batch.padded_rows
+    return total, bd
+
+
+def causal_lengths(batch: Batch, total: int) -> np.ndarray:
+    """Per query row, the number of KV tokens it attends to (causal), in row order."""
+    parts = []
+    mode = batch.forward_mode
+    d = draft_tokens(batch)
+    for r in batch.requests:
+        if mode == "target_verify":
+            parts.append(np.arange(r.context_len, r.context_len + d, dtype=np.int64))
+        elif r.is_decode:
+            parts.append(np.array([r.context_len], dtype=np.int64))
+        else:
+            n = r.extend_tokens or (d if mode == "draft_extend" else 0)
+            parts.append(np.arange(r.prefix_len + 1, r.prefix_len + n + 1, dtype=np.int64))
+    if batch.mixed:
+        parts.append(np.array([r.context_len for r in batch.running], dtype=np.int64))
+    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if arr.shape[0] < total:
+        arr = np.concatenate([arr, np.zeros(total - arr.shape[0], dtype=np.int64)])
+    return arr
+
+
+def heads_per_rank(batch: Batch, defaults: dict) -> int:
+    m = batch.model
+    if "h_q" in m:
+        h = m["h_q"]
+        if isinstance(h, bool) or not isinstance(h, int) or h <= 0:
+            raise InputError("model.h_q", f"expected a positive integer, got {h!r}")
+        return h
+    if "num_attention_heads" in m:
+        n = m["num_attention_heads"]
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise InputError("model.num_attention_heads", f"expected a positive integer, got {n!r}")
+        tp = int(batch.arg("tp_size", 1) or 1)
+        dp = int(batch.arg("dp_size", 1) or 1) if batch.arg("enable_dp_attention", False) else 1
+        attn_tp = max(tp // dp, 1)
+        per = -(-n // attn_tp)
+        return -(-per // 64) * 64
+    return defaults["h_q"]
+
+
+def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None) -> None:
+    prof = load("engines")["profiles"]["sglang-dsv4"]
+    dflt = prof["defaults"]
+    total, bd = forward_rows(batch)
+    h_q = heads_per_rank(batch, dflt)
+    d_qk = dflt["d_qk"]
+    threshold = version.get("sparse_prefill_threshold")
+    routable = batch.forward_mode in ("extend", "mixed")
+    routed = routable and threshold is not None and total > threshold
+    probe = plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=dflt["swa_topk"]), batch.gpu, kernel)
+    max_rows = probe.max_sched_rows
+    bp.rows, bp.row_breakdown, bp.max_decode_rows = total, bd, max_rows
+    if routed:
+        reason = f"extend forward with {total} rows > threshold {threshold}: sent to flash_mla_sparse_fwd"
+    elif threshold is None:
+        reason = "this version sends every forward to flash_mla_with_kvcache (no sparse-prefill routing)"
+    elif not routable:
+        reason = f"{batch.forward_mode} forwards are never routed: they go to flash_mla_with_kvcache"
+    else:
+        reason = f"{total} rows <= threshold {threshold}: sent to flash_mla_with_kvcache"
+    bp.routing = {"threshold": threshold, "routed": routed, "reason": reason, "version": version["name"]}
+    ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
+    c128_width = -(-(-(-ctx // 128)) // 64) * 64
+    if routed:
+        for spec in prof["calls"]:
+            extra = 0 if spec["ratio"] == 0 else (dflt["c4_extra_topk"] if spec["ratio"] == 4 else c128_width)
+            call = SparsePrefillCall(s_q=total, h_q=h_q, d_qk=d_qk, topk=dflt["swa_topk"] + extra, label=spec["name"])
+            bp.calls.append(DerivedCall(spec["name"], call, plan(call, batch.gpu, kernel), "sparse_prefill"))
+        return
+    lengths = None
+    if 0 < total <= max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
+        lengths = causal_lengths(batch, total)
+    for spec in prof["calls"]:
+        r = spec["ratio"]
+        kw: dict = dict(kind="sparse", b=max(total, 1), s_q=1, h_q=h_q, d_qk=d_qk, topk=dflt["swa_topk"],
+                        page=dflt["page"], label=spec["name"])
+        if lengths is not None:
+            kw["topk_length"] = np.minimum(lengths, dflt["swa_topk"])
+        if r == 4:
+            kw.update(extra_topk=dflt["c4_extra_topk"], extra_page=dflt["c4_extra_page"])
+            if lengths is not None:
+                kw["extra_topk_length"] = np.minimum(lengths // 4, dflt["c4_extra_topk"])
+        elif r == 128:
+            kw.update(extra_topk=c128_width, extra_page=dflt["c128_extra_page"])
+            if lengths is not None:
+                kw["extra_topk_length"] = np.minimum(lengths // 128, c128_width)
+        call = DecodeCall(**kw)
+        bp.calls.append(DerivedCall(spec["name"], call, plan(call, batch.gpu, kernel), "decode_kernel"))
+
+
+# ----------------------------------------------------------------------------------- slots
+def _pos_int(v, where: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise InputError(where, f"expected a non-negative integer, got {v!r}")
+    return v
+
+
+def derive_slots(batch: Batch, version: dict, bp: BatchPlan) -> None:
+    prof = load("engines")["profiles"]["sglang-slots"]
+    dflt = prof["defaults"]
+    if batch.arg("max_running_requests") is None:
+        raise InputError("server_args.max_running_requests", "missing (the request table is sized from it)")
+    r_total = int(batch.arg("max_running_requests"))
+    dp = int(batch.arg("dp_size", 1) or 1)
+    attn_dp = dp if batch.arg("enable_dp_attention", False) else 1
+    R = r_total // attn_dp
+    pd_decode = str(batch.arg("disaggregation_mode", "null")).lower() == "decode"
+    e_arg = batch.arg("disaggregation_decode_extra_slots")
+    if not pd_decode:
+        E, e_src = 0, "not a PD decode worker"
+    elif e_arg is not None:
+        E, e_src = int(e_arg), "--disaggregation-decode-extra-slots"
+    else:
+        lim = dflt["extra_slots_default_max_running"]
+        E = dflt["extra_slots_default_factor"] * R if R <= lim else 0
+        e_src = f"default: {dflt['extra_slots_default_factor']} x {R} (max_running_requests per DP <= {lim})" if R <= lim \
+            else f"default: 0 (max_running_requests per DP {R} > {lim})"
+    t_rows = R + E + 1
+    d = draft_tokens(batch)
+    index_kpool = _pos_int(batch.model.get("index_kpool", dflt["index_kpool"]), "model.index_kpool")
+    tail_extra = batch.model.get("tail_extra_slots")
+    width = index_kpool + (_pos_int(tail_extra, "model.tail_extra_slots") if tail_extra is not None else d)
+    required = index_kpool + d
+    buffers = [SlotBuffer("req_to_token (request table)", t_rows, "target", sizing=f"R + E + 1 = {R} + {E} + 1" if pd_decode else f"R + 1 = {R} + 1")]
+    if batch.model.get("dsa_tails", True):
+        buffers.append(SlotBuffer("target DSA compression tails (key, score)", t_rows + 1, "target", width=width,
+                                  required_width=required, sizing=f"table rows + 1 = {t_rows} + 1 (hybrid builder)"))
+        has_draft = d > 0 or str(batch.arg("speculative_algorithm", "") or "").upper() in ("NEXTN", "EAGLE", "EAGLE3", "MTP")
+        if has_draft:
+            if version.get("draft_tail_sizing") == "running_limit":
+                rows, sizing = R + 1, f"max_running_requests + 1 = {R} + 1 (plain DSA builder given the scheduler limit)"
+            else:
+                rows, sizing = t_rows + 1, f"table rows + 1 = {t_rows} + 1 (builder given the shared table's rows)"
+            buffers.append(SlotBuffer("NextN draft DSA compression tails (key, score)", rows, "draft", width=width,
+                                      required_width=required, sizing=sizing))
+    for i, ub in enumerate(batch.buffers):
+        where = f"buffers[{i}]"
+        if not isinstance(ub, dict) or "name" not in ub:
+            raise InputError(where, "expected {name, rows | rows_from, scope, indexed_by}")
+        if "rows" in ub:
+            rows = _pos_int(ub["rows"], f"{where}.rows")
+            sizing = "given"
+        else:
+            src = ub.get("rows_from")
+            base = {"running_limit": R, "table_rows": t_rows, "running_limit_total": r_total}.get(src)
+            if base is None:
+                raise InputError(f"{where}.rows_from", f"expected running_limit, table_rows or running_limit_total, got {src!r}")
+            plus = _pos_int(ub.get("plus", 0), f"{where}.plus")
+            rows, sizing = base + plus, f"{src} + {plus} = {base} + {plus}"
+        scope = ub.get("scope", "per_dp")
+        indexed_by = ub.get("indexed_by", "req_pool_idx")
+        if scope not in ("per_dp", "global") or indexed_by not in ("req_pool_idx", "global_slot"):
+            raise InputError(where, "scope must be per_dp|global and indexed_by req_pool_idx|global_slot")
+        buffers.append(SlotBuffer(str(ub["name"]), rows, "user", scope, indexed_by, sizing=sizing))
+    bp.slots = SlotModel(R, E, e_src, t_rows, pd_decode, d, buffers)
+
+
+# ----------------------------------------------------------------------------------- checking
+def plan_batch(batch: Batch, kernel: str | None = None) -> BatchPlan:
+    bp = BatchPlan(batch)
+    for name, ver in batch.profiles:
+        v = resolve_version(name, ver)
+        bp.versions[name] = v.get("matched_release", v["name"]) if ver else v["name"]
+        if name == "sglang-dsv4":
+            derive_dsv4(batch, v, bp, kernel)
+        elif name == "sglang-slots":
+            derive_slots(batch, v, bp)
+    return bp
+
+
+def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
+    """Run the kernel rules on every derived call; one finding per distinct message, naming all calls."""
+    merged: dict[tuple, list] = {}
+    order = []
+    for dc in bp.calls:
+        for f in run_rules("call", dc.plan):
+            key = (f.code, f.message)
+            if key not in merged:
+                merged[key] = [f, []]
+                order.append(key)
+            merged[key][1].append(dc.name)
+    out = []
+    for key in order:
+        f, names = merged[key]
+        subj = f"FlashMLA call(s) {', '.join(names)} of this {bp.batch.forward_mode} forward"
+        out.append(Finding(f.code, f.severity, f.message, subj, f.numbers, f.fix, f.failure, f.source))
+    return out
+
+
+def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True) -> Report:
+    bp = plan_batch(batch, kernel)
+    findings = _merge_call_findings(bp) + run_rules("batch", bp)
+    report = Report(findings, [c.plan for c in bp.calls])
+    report.context = {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
+                                                  "requests": len(batch.requests), "running": len(batch.running)},
+                      **bp.to_dict()}
+    report.batch_plan = bp
+    if split and not report.legal:
+        from .split import safe_split
+
+        report.safe_split = safe_split(batch, report, kernel)
+    return report
