@@ -159,6 +159,7 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable verdict: legal, findings, calls, safe_split."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     run_kernel: bool = typer.Option(False, "--kernel", help="Also run the real FlashMLA kernels (needs a GPU and a FlashMLA build) and diff them with the model."),
+    exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when the batch is illegal (bad input still exits 2)."),
     reproduce: bool = typer.Option(False, "--reproduce", help="For slot findings, build the real buffers with PyTorch on the CPU and do the engine's index (needs torch)."),
 ):
     """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input.
@@ -214,7 +215,7 @@ def check(
             from .kernel.check import render_kernel_result
 
             render_kernel_result(kernel_result, out)
-    raise typer.Exit(EXIT_LEGAL if report.legal else EXIT_ILLEGAL)
+    raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
 
 
 @app.command("rules")
