@@ -159,6 +159,14 @@ def check(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable verdict: legal, findings, calls, safe_split."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     run_kernel: bool = typer.Option(False, "--kernel", help="Also run the real FlashMLA kernels (needs a GPU and a FlashMLA build) and diff them with the model."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Quick batch without a file: engine profile, e.g. sglang-dsv4@pre-25418."),
+    mode: str = typer.Option("extend", "--mode", help="Quick batch: forward mode (extend, decode, mixed, target_verify, draft_extend)."),
+    extend: Optional[str] = typer.Option(None, "--extend", help="Quick batch: new tokens per request, e.g. 4096,4096,4096 or 3x4096."),
+    prefix: Optional[str] = typer.Option(None, "--prefix", help="Quick batch: cached prefix per request (one value for all, or one each)."),
+    decodes: int = typer.Option(0, "--decode", help="Quick batch: running decode requests (or, with --mode decode, the batch size)."),
+    seq_len: int = typer.Option(1024, "--seq-len", help="Quick batch: sequence length of decode requests."),
+    slots: Optional[str] = typer.Option(None, "--slots", help="Quick batch: req_pool_idx per request, comma-separated."),
+    server_arg: list[str] = typer.Option([], "--server-arg", help="Quick batch: engine flag KEY=VALUE (repeatable), e.g. enable_mixed_chunk=true."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when the batch is illegal (bad input still exits 2)."),
     reproduce: bool = typer.Option(False, "--reproduce", help="For slot findings, build the real buffers with PyTorch on the CPU and do the engine's index (needs torch)."),
 ):
@@ -170,6 +178,10 @@ def check(
 
     * `validate-batch check batch.yaml --json`
 
+    * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`
+
+    * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 4096,4096,4096 --decode 1 --server-arg enable_mixed_chunk=true`
+
     * `validate-batch check --example pd-decode-slot-96 --reproduce`
 
     * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
@@ -178,11 +190,18 @@ def check(
     from .session import check_documents
 
     try:
-        if example:
-            file = _example_path(example)
-        if file is None:
-            raise InputError("FILE", "give a file, '-' for stdin, or --example NAME")
-        report, payload = check_documents(file, gpu, kernel)
+        if engine is not None:
+            from .batch import check_batch_document
+            from .quick import batch_doc_from_flags
+
+            doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu)
+            report, payload = check_batch_document(doc, gpu=gpu, kernel=kernel)
+        else:
+            if example:
+                file = _example_path(example)
+            if file is None:
+                raise InputError("FILE", "give a file, '-' for stdin, --example NAME, or a quick batch with --engine")
+            report, payload = check_documents(file, gpu, kernel)
         repro = None
         if reproduce:
             from .reproduce import reproduce_slot_findings

@@ -1,0 +1,78 @@
+"""Build a batch document from command-line flags, for quick cases without a file."""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InputError
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "x" in part:  # "3x4096" = three requests of 4096
+            n, _, v = part.partition("x")
+            try:
+                out.extend([int(v)] * int(n))
+            except ValueError:
+                raise InputError(flag, f"expected COUNTxVALUE like 3x4096, got {part!r}") from None
+            continue
+        try:
+            out.append(int(part))
+        except ValueError:
+            raise InputError(flag, f"expected comma-separated integers, got {part!r}") from None
+    if any(v < 0 for v in out):
+        raise InputError(flag, f"expected non-negative integers, got {text!r}")
+    return out
+
+
+def _value(v: str) -> Any:
+    low = v.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        return v.strip()
+
+
+def batch_doc_from_flags(engine: str, mode: str, extend: str | None, prefix: str | None, decodes: int,
+                         seq_len: int, slots: str | None, server_args: list[str], gpu: str | None) -> dict:
+    sa: dict[str, Any] = {}
+    for item in server_args:
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise InputError("--server-arg", f"expected KEY=VALUE, got {item!r}")
+        sa[k.strip().lstrip("-").replace("-", "_")] = _value(v)
+    reqs: list[dict] = []
+    ext = _int_list(extend, "--extend") if extend else []
+    pre = _int_list(prefix, "--prefix") if prefix else []
+    if pre and len(pre) not in (1, len(ext)):
+        raise InputError("--prefix", f"expected 1 or {len(ext)} values (one per --extend), got {len(pre)}")
+    mode = mode.lower()
+    if mode in ("decode", "target_verify", "verify") and not ext:
+        reqs = [{"id": f"r{i + 1}", "seq_len": seq_len} for i in range(decodes)]
+        running = []
+    else:
+        for i, e in enumerate(ext):
+            p = pre[0] if len(pre) == 1 else (pre[i] if pre else 0)
+            reqs.append({"id": f"p{i + 1}", "extend_tokens": e, "prefix_len": p})
+        running = [{"id": f"d{i + 1}", "seq_len": seq_len} for i in range(decodes)]
+    if slots:
+        sl = _int_list(slots, "--slots")
+        if len(sl) != len(reqs):
+            raise InputError("--slots", f"expected one slot per request ({len(reqs)}), got {len(sl)}")
+        for r, s in zip(reqs, sl):
+            r["req_pool_idx"] = s
+    if not reqs:
+        raise InputError("--extend", "give --extend (prefill tokens per request) or --decode N with --mode decode")
+    doc: dict = {"engine": engine, "forward_mode": mode, "server_args": sa, "requests": reqs}
+    if running:
+        doc["running"] = running
+    if gpu:
+        doc["gpu"] = gpu
+    return doc
