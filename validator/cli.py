@@ -115,7 +115,7 @@ def metadata(
                 "index": i,
                 "implementation": p.implementation.name if p.implementation else None,
                 "num_sm_parts": p.num_sm_parts,
-                "tile_scheduler_metadata": sch.metadata.tolist() if sch is not None else None,
+                "tile_scheduler_metadata": p.metadata_in_layout(sch).tolist() if sch is not None else None,
                 "num_splits": sch.num_splits.tolist() if sch is not None else None,
                 "legal": legal,
                 "findings": [f.to_dict() for f in findings],
@@ -134,10 +134,13 @@ def metadata(
             if p.is_decode:
                 out.print("  no metadata: the scheduler would not run (see findings)")
         else:
-            t = Table("part", "b_req", "e_req", "b_blk", "e_blk", "b_split", "f_spl", "l_spl")
-            md = sch.metadata
+            short = {"begin_req": "b_req", "end_req": "e_req", "begin_block": "b_blk", "end_block": "e_blk",
+                     "begin_split": "b_split", "first_splitted": "f_spl", "last_splitted": "l_spl"}
+            layout = p.gen.get("row_layout", [])
+            t = Table("part", *(short[c] for c in layout))
+            md = p.metadata_in_layout(sch)
             for r in range(min(rows, md.shape[0])):
-                t.add_row(str(r), *(str(int(v)) for v in md[r, :7]))
+                t.add_row(str(r), *(str(int(v)) for v in md[r, :len(layout)]))
             out.print(t)
             if md.shape[0] > rows:
                 out.print(f"  ... {md.shape[0] - rows} more partitions (use --rows {md.shape[0]} or --json for all)")
@@ -272,6 +275,45 @@ def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
     out.print(f"{r.code} - {r.title}  (severity: {r.severity})\n")
     out.print(r.doc)
     out.print(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+
+
+@app.command()
+def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSON.")):
+    """List the GPU profiles (SM count, compute capability, opt-in shared memory, source).
+
+    Example: `validate-batch gpus`; then `validate-batch check --gpu H20 FILE`.
+    """
+    from .knowledge import gpu_by_name, gpu_names
+
+    gs = [gpu_by_name(n) for n in gpu_names()]
+    if as_json:
+        emit_json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
+        return
+    t = Table("name", "SMs", "cc", "smem opt-in (B)", "max FlashMLA rows", "source")
+    for g in gs:
+        t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str((g.smem_optin - 4) // 20), g.source)
+    out.print(t)
+
+
+@app.command()
+def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as JSON.")):
+    """List the engine profiles and their versions (what changes between them).
+
+    Example: `validate-batch engines`; then `engine: sglang-dsv4@post-25418` in a batch file.
+    """
+    from .knowledge import load
+
+    data = load("engines")["profiles"]
+    if as_json:
+        emit_json(data)
+        return
+    for name, prof in data.items():
+        out.print(f"{name}: {prof['title']}")
+        for v in prof["versions"]:
+            aliases = ", ".join(v.get("aliases", []))
+            rng = " ".join(x for x in (f">= {v['min_release']}" if v.get("min_release") else "",
+                                        f"<= {v['max_release']}" if v.get("max_release") else "") if x)
+            out.print(f"  @{v['name']} (also {aliases}{'; releases ' + rng if rng else ''}): {v['note']}")
 
 
 # Subcommands defined next to the code they drive.

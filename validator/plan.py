@@ -56,6 +56,9 @@ PARTS_FORMULAS = {
 }
 
 
+CANONICAL_LAYOUT = ["begin_req", "end_req", "begin_block", "end_block", "begin_split", "first_splitted", "last_splitted"]
+
+
 @dataclass(frozen=True)
 class Implementation:
     name: str
@@ -178,6 +181,20 @@ class Plan:
         arr, uni = self.lengths
         s = np.full(self.call.b, uni, dtype=np.int64) if uni is not None else arr
         return schedule_reference(s, self.num_sm_parts, self.fixed_overhead, self.block_size)
+
+    def metadata_in_layout(self, sch: Schedule | None = None) -> np.ndarray | None:
+        """``tile_scheduler_metadata`` in this generation's column order (unwritten columns are 0)."""
+        sch = sch if sch is not None else self.schedule
+        if sch is None:
+            return None
+        md = sch.metadata
+        layout = self.gen.get("row_layout", CANONICAL_LAYOUT)
+        if list(layout) == CANONICAL_LAYOUT:
+            return md
+        out = np.zeros_like(md)
+        for k, name in enumerate(layout):
+            out[:, k] = md[:, CANONICAL_LAYOUT.index(name)]
+        return out
 
     @property
     def workspace_rows(self) -> int | None:
