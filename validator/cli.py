@@ -289,10 +289,12 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSO
     if as_json:
         emit_json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
         return
-    t = Table("name", "SMs", "cc", "smem opt-in (B)", "max FlashMLA rows", "source")
+    t = Table("name", "SMs", "cc", "smem opt-in (B)", "max FlashMLA rows", "memory (GB)")
     for g in gs:
-        t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str((g.smem_optin - 4) // 20), g.source)
+        mem = f"{g.memory_bytes / 1e9:.0f}" if g.memory_bytes else "-"
+        t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str((g.smem_optin - 4) // 20), mem)
     out.print(t)
+    out.print("Sources: validate-batch gpus --json (or rules/gpus.json).")
 
 
 @app.command()
