@@ -1,0 +1,73 @@
+"""Shared fixtures: the H200 oracle (ground truth recorded from the real FlashMLA kernels) and GPUs.
+
+The oracle lives in ``shared/oracle/`` beside the checkout (``<repo>/../shared/oracle``). Tests that
+need it are skipped, with the path in the reason, when it is not there.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ORACLE_DIR = REPO_ROOT.parent / "shared" / "oracle"
+
+CASES_FILE = "flashmla_h200_cases.jsonl"
+PROBES_FILE = "flashmla_h200_probes.jsonl"
+PREFILL_PROBES_FILE = "flashmla_h200_sparse_prefill_probes.jsonl"
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    with path.open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def oracle_dir() -> Path:
+    """``shared/oracle`` beside the checkout; skips the test when it is absent."""
+    if not (ORACLE_DIR / CASES_FILE).is_file():
+        pytest.skip(f"oracle data not found at {ORACLE_DIR} (expected shared/oracle/ beside the checkout)")
+    return ORACLE_DIR
+
+
+@pytest.fixture(scope="session")
+def oracle_device(oracle_dir: Path) -> dict:
+    """The device header (first line) of the cases file: name, num_sms, cc, smem_optin."""
+    with (oracle_dir / CASES_FILE).open(encoding="utf-8") as fh:
+        return json.loads(fh.readline())
+
+
+@pytest.fixture(scope="session")
+def oracle_cases(oracle_dir: Path) -> list[dict]:
+    """Every call record of the cases file (the device header removed)."""
+    recs = _read_jsonl(oracle_dir / CASES_FILE)
+    assert "num_sms" in recs[0] and "kind" not in recs[0], "first line of the cases file is the device header"
+    return recs[1:]
+
+
+@pytest.fixture(scope="session")
+def oracle_probes(oracle_dir: Path) -> list[dict]:
+    path = oracle_dir / PROBES_FILE
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return _read_jsonl(path)
+
+
+@pytest.fixture(scope="session")
+def oracle_prefill_probes(oracle_dir: Path) -> list[dict]:
+    path = oracle_dir / PREFILL_PROBES_FILE
+    if not path.is_file():
+        pytest.skip(f"{path} not found")
+    return _read_jsonl(path)
+
+
+@pytest.fixture(scope="session")
+def h200():
+    """The H200 profile as the project resolves it (132 SMs, cc 9.0, 232448 B opt-in shared memory)."""
+    from validator.knowledge import resolve_gpu
+
+    g = resolve_gpu("H200")
+    # The facts the tests rely on, stated independently of the profile file.
+    assert (g.num_sms, g.cc, g.smem_optin) == (132, (9, 0), 232448)
+    return g
