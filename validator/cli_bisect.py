@@ -1,5 +1,202 @@
-"""Crash-report subcommand (``bisect``)."""
+"""The ``bisect`` subcommand: from a crashed server's log / crash dump / launch command to the step
+that crashed, the rule that explains it, the boundary, and the settings that prevent it."""
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+import typer
+
+from .errors import InputError
+
+EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED, EXIT_BAD_INPUT = 0, 1, 2
+
+HELP = """Find the step that crashed an engine, the rule that explains it, and the boundary.
+
+Reads an SGLang scheduler log (any release's format, per DP rank), a vLLM log with its crash-time
+SchedulerOutput dump, and/or an SGLang crash dump (--dump, read with a restricted unpickler that
+runs nothing). Candidate crashing steps are checked with the project's rules and the varying
+quantity (query rows, slot index, batch size) is bisected to its largest legal value.
+
+Examples:
+
+* `validate-batch bisect server.log`
+
+* `validate-batch bisect server.log --sglang-version 0.5.12 --json`
+
+* `validate-batch bisect decode.log --server-arg max_running_requests=32 --server-arg disaggregation_decode_extra_slots=64`
+
+* `validate-batch bisect server.log --launch "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V4 --chunked-prefill-size 16384"`
+
+* `validate-batch bisect --dump crash_dump_2026-04-28_10-12-05.pkl --launch "sglang serve ..."`
+
+Exit codes: 1 a crashing step breaks a rule (the crash is explained), 0 nothing illegal found,
+2 bad input (one line naming the field or line).
+"""
 
 
 def register(app) -> None:
-    return None
+    @app.command("bisect", help=HELP)
+    def bisect_cmd(
+        log: Optional[str] = typer.Argument(None, help="Engine log (plain or .gz; '-' = stdin)."),
+        dump: Optional[str] = typer.Option(None, "--dump", help="SGLang crash dump (.pkl from --crash-dump-folder)."),
+        trust_pickle: bool = typer.Option(False, "--trust-pickle", help="Load --dump with Python's normal unpickler (runs code from the file: only for files you made)."),
+        launch: Optional[str] = typer.Option(None, "--launch", help="The server's launch command (adds to / overrides the log's)."),
+        server_arg: List[str] = typer.Option([], "--server-arg", help="KEY=VALUE engine setting, repeatable (command-line semantics: chunked_prefill_size is the global value)."),
+        sglang_version: Optional[str] = typer.Option(None, "--sglang-version", help="SGLang release of the server (decides whether Prefill lines follow their forward; default: from the line format)."),
+        engine: List[str] = typer.Option([], "--engine", help="Engine profile(s) to check with (sglang-dsv4, sglang-slots); default: from the model and error."),
+        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile (default H200)."),
+        kernel_gen: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile."),
+        rank: Optional[str] = typer.Option(None, "--rank", help="Only this DP rank (e.g. DP2)."),
+        window: int = typer.Option(64, "--window", min=4, max=100000, help="Steps kept per rank while streaming."),
+        as_json: bool = typer.Option(False, "--json", help="Machine-readable diagnosis on stdout."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
+        no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
+        run_kernel: bool = typer.Option(False, "--kernel", help="Also run the crashing step's FlashMLA calls on a GPU (kernel mode)."),
+    ):
+        from rich.console import Console
+
+        from .bisect import BisectOptions, diagnose
+        from .ingest import build_config, read_inputs
+
+        err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+        try:
+            if log is None and dump is None:
+                raise InputError("LOG", "give a log file, '-' for stdin, or --dump FILE")
+            if gpu:
+                from .knowledge import resolve_gpu
+
+                resolve_gpu(gpu)
+            if sglang_version:
+                from .ingest.sglang_log import parse_version
+
+                parse_version(sglang_version)
+            for e in engine:
+                from .batch import parse_engine
+
+                parse_engine(e)
+            show = not (no_progress or quiet or as_json) and err_console.is_terminal
+            evidence, cdump = read_inputs(log, dump, trust_pickle, window, err_console if show else None)
+            cfg = build_config(evidence, cdump, launch, server_arg)
+            opts = BisectOptions(sglang_version, list(engine) or None, gpu, kernel_gen, rank, run_kernel,
+                                 err_console if not quiet else None)
+            diag = diagnose(evidence, cfg, cdump, opts)
+        except InputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(EXIT_BAD_INPUT)
+        if as_json:
+            import json
+
+            sys.stdout.write(json.dumps(diag.to_dict(), separators=(",", ":"), default=str) + "\n")
+        elif not quiet:
+            render_diagnosis(diag, Console(highlight=False, soft_wrap=True, markup=False))
+        raise typer.Exit(EXIT_EXPLAINED if diag.explained is not None else EXIT_NOTHING_ILLEGAL)
+
+
+# ------------------------------------------------------------------------------------ the story
+def _fmt_cfg(cfg) -> str:
+    keys = ("model_path", "chunked_prefill_size", "max_prefill_tokens", "enable_mixed_chunk", "max_running_requests",
+            "dp_size", "enable_dp_attention", "disaggregation_mode", "disaggregation_decode_extra_slots",
+            "speculative_algorithm", "speculative_num_draft_tokens", "tp_size", "max_num_batched_tokens")
+    parts = [f"{k}={cfg.values[k]}" for k in keys if cfg.values.get(k) is not None]
+    if cfg.dp_attention and cfg.chunk_per_rank() is not None:
+        parts.append(f"(chunked prefill per DP rank: {cfg.chunk_per_rank()})")
+    return ", ".join(parts) if parts else "(none found: pass --launch or --server-arg)"
+
+
+def render_diagnosis(diag, console) -> None:
+    """The human story: what was read, the error, the timeline, the step, the rule, the numbers, the fix."""
+    ev = diag.evidence
+    p = console.print
+    if ev is not None:
+        n_steps = sum(tl.num_prefill + tl.num_decode for tl in ev.ranks.values())
+        unparsed = ev.counts.get("unparsed_batch_line", 0)
+        p(f"read {ev.name}: {ev.total_lines} lines, {n_steps} scheduler steps on {len(ev.ranks)} rank(s)"
+          + (f", {len(ev.vllm_steps)} vLLM scheduler dump(s)" if ev.vllm_steps else "")
+          + f", {ev.counts.get('error', 0)} error line(s), {unparsed} batch line(s) not parsed"
+          + (f", {ev.truncated_lines} over-long line(s) cut" if ev.truncated_lines else ""))
+        if unparsed:
+            for ex in (ev.unparsed_examples + list(ev.unparsed_last))[:4]:
+                p(f"  not parsed, line {ex['line']}: {ex['reason']}: {ex['text'][:120]}")
+    if diag.dump is not None:
+        d = diag.dump
+        p(f"read crash dump {d.path}: {len(d.requests)} request(s), {len(d.unfinished)} unfinished"
+          + (f"; launch command: {d.launch_command[:160]}" if d.launch_command else ""))
+    after = {True: "a Prefill line is printed AFTER its forward (the crashing batch is not in the log)",
+             False: "a Prefill line is printed BEFORE its forward (the last one is the crashing batch)",
+             None: "print order unknown"}[diag.after_forward]
+    if diag.engine == "vllm":
+        p("engine: vLLM; its crash-time SchedulerOutput dump is the crashing step itself")
+    else:
+        p(f"engine: SGLang; {diag.version_basis}; {after}")
+    p(f"settings: {_fmt_cfg(diag.config)}")
+    err = diag.error
+    if err is not None:
+        where = f", {err.rank}" + (" (inferred from the preceding line)" if err.rank_inferred else "") if err.rank else ""
+        p(f"error (line {err.line_no}{where}): {err.text[:300]}")
+        if err.suspect_codes:
+            p(f"  this is how {', '.join(err.suspect_codes)} fail")
+    else:
+        p("error: none found in the input (the log may end before the crash)")
+    ex = diag.explained
+    if ev is not None and ex is not None and ex.rank in ev.ranks:
+        tl = ev.ranks[ex.rank]
+        cut = err.line_no if err is not None else None
+        tail = tl.before(cut) if cut else list(tl.steps)
+        if tail:
+            p(f"timeline ({ex.rank}, last {min(len(tail), 6)} of {tl.num_prefill + tl.num_decode} steps):")
+            for s in tail[-6:]:
+                mark = "   <- crashing step" if ex.step is s and ex.exact and ex.kind == "prefill" and ex.lo == ex.hi else ""
+                p(f"  line {s.line_no:>7}  {s.timestamp or '':19}  {s.summary()}{mark}")
+    if ex is None:
+        p("verdict: no candidate step breaks a modelled limit")
+        for c in diag.candidates[:4]:
+            p(f"  checked: {c.rank} {c.label}: {c.verdict} at {c.value} {c.quantity}"
+              + (f" ({c.check_error})" if c.check_error else ""))
+    else:
+        if ex.lo == ex.hi or ex.exact:
+            rng = f"{ex.value}"
+        else:
+            rng = f"{ex.lo}..{ex.hi}" + (f", most likely {ex.likely}" if ex.likely else "")
+        p(f"crashing step ({ex.rank}): {ex.label} [{'exact' if ex.exact else 'reconstructed'}]")
+        for line in ex.basis:
+            p(f"  - {line}")
+        p(f"  {ex.quantity}: {rng}; checked as {', '.join(diag.profile)}" + (f"@{ex.version}" if ex.version else ""))
+        p(f"rule: {', '.join(ex.codes)} ({ex.verdict})")
+        for f in ex.findings[:3]:
+            p(f"  {f['code']} {f['message']}")
+        b = ex.boundary
+        if b is not None:
+            if b.largest_legal is not None:
+                over = f"; over by {b.margin}" if b.margin is not None and b.margin > 0 else ""
+                p(f"boundary: largest legal {b.quantity} = {b.largest_legal}, first illegal = {b.first_illegal}"
+                  f"{over} ({b.evaluations} checks)")
+            elif b.note:
+                p(f"boundary: {b.note}")
+        sp = ex.safe_split
+        if sp and sp.get("possible"):
+            if sp.get("num_steps"):
+                p(f"safe split: {sp['num_steps']} step(s) of whole requests: {sp['steps']}")
+            elif sp.get("num_chunked_steps"):
+                p(f"safe split: {sp['num_chunked_steps']} chunked step(s)")
+        elif sp and not sp.get("possible"):
+            p(f"safe split: none ({sp.get('reason', '')})")
+    if diag.fixes:
+        p("fix:")
+        for f in diag.fixes:
+            p(f"  {f['flag']} {f['value']}  [{'verified' if f['verified'] else 'NOT verified'} by the checker] - {f['why']}")
+    others = [c for c in diag.candidates if c is not ex]
+    if others:
+        p("other candidates:")
+        for c in others[:6]:
+            p(f"  {c.rank}: {c.label}: {c.verdict}" + (f" {','.join(c.codes)}" if c.codes else "")
+              + f" at {c.value} {c.quantity}")
+    for n in diag.notes:
+        p(f"note: {n}")
+    if diag.kernel is not None:
+        try:
+            from .kernel.check import render_kernel_result
+
+            render_kernel_result(diag.kernel, console)
+        except ImportError:
+            p(f"kernel mode: {diag.kernel.get('reason', diag.kernel)}")

@@ -1,0 +1,192 @@
+"""Crash-report bisection end to end: each fixture log yields the right step, rule and boundary.
+
+Expected numbers are derived here from first principles, not read from the code under test:
+* FlashMLA's scheduler needs 4*(5b+1) bytes of shared memory; an H200 opts in to 232448 bytes,
+  so the largest legal b is (232448/4 - 1) // 5 (flashmla-facts.md section 4);
+* DSv4 on SGLang sends one query row per new token (sglang-facts.md A);
+* a PD decode worker's NextN draft tails have R + 1 rows when sized from the running limit R, so
+  the largest slot they hold is R (sglang-facts.md B).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from validator.bisect import BisectOptions, Checker, diagnose, find_boundary
+from validator.ingest import build_config, read_inputs
+from validator.ingest.scan import scan_lines
+
+LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
+H200_SMEM = 232448
+MAX_B = (H200_SMEM // 4 - 1) // 5          # 11622
+
+
+def run(name: str | None = None, launch=None, server_args=(), dump=None, **opts):
+    ev, d = read_inputs(str(LOGS / name) if name else None, dump)
+    cfg = build_config(ev, d, launch, server_args)
+    return diagnose(ev, cfg, d, BisectOptions(**opts))
+
+
+def test_boundary_arithmetic_is_what_the_facts_say():
+    assert 4 * (5 * MAX_B + 1) <= H200_SMEM < 4 * (5 * (MAX_B + 1) + 1)
+
+
+def test_seed_crash_1_dsv4_prefill_logged_before_its_forward():
+    diag = run("sglang-dsv4-prefill-12288.log")
+    ex = diag.explained
+    assert diag.after_forward is False                    # comma era without graph fields: <= 0.5.8
+    assert ex.kind == "prefill" and ex.exact and ex.step.line_no == 14
+    assert ex.value == 3 * 4096
+    assert {"FMLA001", "SGL001"} <= set(ex.codes) and ex.matches_error
+    b = ex.boundary
+    assert (b.largest_legal, b.first_illegal, b.margin) == (MAX_B, MAX_B + 1, 3 * 4096 - MAX_B)
+    assert diag.error.kind == "flashmla_sched" and diag.error.line_no == 15
+    flags = {(f["flag"], f["value"]): f["verified"] for f in diag.fixes}
+    assert flags[("--chunked-prefill-size", MAX_B)] is True
+    assert flags[("--chunked-prefill-size", 8192)] is True
+    # The running decode is not the cause: the decode candidate with the same requests is legal.
+    dec = next(c for c in diag.candidates if c.kind == "decode")
+    assert dec.verdict == "legal"
+
+
+def test_seed_crash_2_pd_decode_slot():
+    diag = run("sglang-pd-decode-slot-96.log")
+    ex = diag.explained
+    R, E = 32, 64
+    assert ex.kind == "slot" and ex.exact and ex.value == R + E
+    assert ex.codes == ["SLOT002"] and ex.matches_error
+    b = ex.boundary
+    assert (b.largest_legal, b.first_illegal, b.margin) == (R, R + 1, R + E - R)
+    assert diag.error.numbers == {"index": 96, "dim": 0, "size": R + 1}
+    assert diag.error.rank == "DP0" and diag.error.rank_inferred
+    fixes = {f["flag"]: f for f in diag.fixes}
+    assert fixes["--disaggregation-decode-extra-slots"]["value"] == 0 and fixes["--disaggregation-decode-extra-slots"]["verified"]
+    assert fixes["(upgrade)"]["verified"]
+    assert any("agrees with the error" in n for n in diag.notes)
+
+
+def test_0512_log_printed_after_forward_reconstructs_the_next_chunk_per_dp_rank():
+    diag = run("sglang-0512-dsv4-dp-pending.log")
+    ex = diag.explained
+    chunk = 131072 // 8                                    # --chunked-prefill-size divided by dp_size under DP attention
+    assert diag.after_forward is True
+    assert ex.rank == "DP2" and ex.kind == "prefill" and ex.exact
+    assert ex.step.line_no == 13 and ex.likely == chunk    # #pending-token 40960 >= one chunk
+    assert {"FMLA001", "SGL001"} <= set(ex.codes)
+    assert (ex.boundary.largest_legal, ex.boundary.margin) == (MAX_B, chunk - MAX_B)
+    assert ex.version == "0.5.12"                          # the release without sparse-prefill routing explains it
+    # Ranks with nothing pending are only "partly illegal": a new arrival could have filled a chunk.
+    others = [c for c in diag.candidates if c.kind == "prefill" and c.rank != "DP2"]
+    assert others and all(c.verdict == "partly illegal" and c.likely is None for c in others)
+    flags = {(f["flag"], f["value"]) for f in diag.fixes}
+    assert ("--chunked-prefill-size", MAX_B * 8) in flags and ("--chunked-prefill-size", 8192 * 8) in flags
+
+
+def test_user_version_decides_the_print_order():
+    # The same DSv4 log read as 0.5.12: the 12288-token line ran, so the crash is the NEXT batch.
+    diag = run("sglang-dsv4-prefill-12288.log", sglang_version="0.5.12")
+    assert diag.after_forward is True
+    assert diag.explained.kind == "prefill" and not diag.explained.exact
+    assert any("completed, above the model's boundary" in n for n in diag.notes)
+
+
+def test_vllm_dump_is_the_crashing_step():
+    diag = run("vllm-scheduler-dump.log")
+    ex = diag.explained
+    assert diag.engine == "vllm" and ex.kind == "vllm"
+    assert ex.value == 12000 + 3
+    assert ex.codes == ["FMLA001"]
+    assert (ex.boundary.largest_legal, ex.boundary.margin) == (MAX_B, 12003 - MAX_B)
+    assert diag.config.values["max_num_batched_tokens"] == 16384
+    assert diag.fixes[0]["flag"] == "--max-num-batched-tokens" and diag.fixes[0]["value"] == MAX_B
+
+
+def test_truncated_log_gives_a_partial_answer(tmp_path):
+    text = (LOGS / "sglang-dsv4-prefill-12288.log").read_text()
+    cut = text[: text.index("#new-token: 12288")]          # the log ends mid-line, before the crash
+    p = tmp_path / "cut.log"
+    p.write_text(cut)
+    ev, _ = read_inputs(str(p), None)
+    diag = diagnose(ev, build_config(ev, None, None), None)
+    assert diag.error is None and diag.explained is None and diag.partial
+    assert ev.counts["unparsed_batch_line"] == 1
+    assert any("no error line" in n for n in diag.notes)
+    assert all(c.verdict == "legal" for c in diag.candidates)
+
+
+def test_settings_alone_bound_the_crash_when_the_log_has_no_scheduler_lines(tmp_path):
+    p = tmp_path / "only-error.log"
+    p.write_text("CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument\n")
+    ev, _ = read_inputs(str(p), None)
+    cfg = build_config(ev, None, "sglang serve deepseek-ai/DeepSeek-V4-Flash --chunked-prefill-size 16384")
+    diag = diagnose(ev, cfg, None, BisectOptions(sglang_version="0.5.8"))
+    ex = diag.explained
+    assert ex.verdict == "partly illegal" and (ex.lo, ex.hi) == (1, 16384)
+    assert ex.boundary.largest_legal == MAX_B
+
+
+def test_crash_dump_alone(tmp_path, monkeypatch):
+    from test_ingest_crash_dump import _make_dump
+
+    p = _make_dump(tmp_path / "crash_dump.pkl", monkeypatch)
+    ev, d = read_inputs(None, str(p))
+    cfg = build_config(ev, d, None)
+    assert cfg.values["chunked_prefill_size"] == 16384 and cfg.sources["chunked_prefill_size"] == "crash dump (server_args)"
+    diag = diagnose(ev, cfg, d, BisectOptions(sglang_version="0.5.8"))
+    pre = next(c for c in diag.candidates if c.kind == "prefill")
+    assert pre.value == 4096 + 4096                        # the two waiting requests' prompts
+    assert pre.verdict == "legal"
+
+
+def test_find_boundary_bisects_any_monotone_rule():
+    # A stand-in checker: legal below 1000; the bisection must find 999 in a handful of calls.
+    class R:
+        def __init__(self, bad):
+            self.findings = [type("F", (), {"is_error": True, "code": "X"})()] if bad else []
+
+    class C(Checker):
+        def __call__(self, doc, split=False):
+            self.calls += 1
+            return R(doc["v"] >= 1000)
+
+    ch = C()
+    b = find_boundary(lambda v: {"v": v}, ch, 1, 5000, None, "rows")
+    assert (b.largest_legal, b.first_illegal, b.margin) == (999, 1000, 4001)
+    assert ch.calls < 20
+    b = find_boundary(lambda v: {"v": v}, C(), 1, 10, None, "rows")   # legal where it crashed: gallop up
+    assert (b.largest_legal, b.first_illegal) == (999, 1000)
+
+
+def test_unknown_print_order_checks_both_batches():
+    lines = [
+        "Prefill batch, #new-seq: 1, #new-token: 12000, #cached-token: 0, token usage: 0.04, #running-req: 3, "
+        "#queue-req: 0, input throughput (token/s): 8000.00, cuda graph: False",
+        "CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument",
+    ]
+    ev = scan_lines(lines)
+    cfg = build_config(ev, None, "sglang serve deepseek-ai/DeepSeek-V4 --chunked-prefill-size 8192")
+    diag = diagnose(ev, cfg, None)
+    assert diag.after_forward is None
+    labels = [c.label for c in diag.candidates if c.kind == "prefill"]
+    assert any("last logged prefill" in x for x in labels) and any("after line 1" in x for x in labels)
+    assert diag.explained.value == 12000 and diag.explained.boundary.largest_legal == MAX_B
+
+
+def test_json_is_complete_and_serialisable():
+    diag = run("sglang-dsv4-prefill-12288.log")
+    d = json.loads(json.dumps(diag.to_dict(), default=str))
+    assert d["crashing_step"]["from_line"] == 14 and d["rule"] == ["FMLA001", "SGL001"]
+    assert d["boundary"]["largest_legal"] == MAX_B and d["boundary"]["first_illegal"] == MAX_B + 1
+    assert d["log"]["unparsed"]["count"] == 0 and d["error"]["kind"] == "flashmla_sched"
+    assert d["crashing_step"]["batch"]["forward_mode"] == "extend"
+
+
+@pytest.mark.parametrize("gpu", ["H100", "B200"])
+def test_boundary_follows_the_gpu_profile(gpu):
+    from validator.knowledge import resolve_gpu
+
+    smem = resolve_gpu(gpu).smem_optin
+    diag = run("sglang-dsv4-prefill-12288.log", gpu=gpu)
+    assert diag.explained.boundary.largest_legal == (smem // 4 - 1) // 5

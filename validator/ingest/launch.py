@@ -1,0 +1,249 @@
+"""Engine configuration from launch commands, ``server_args=ServerArgs(...)`` log lines and user flags.
+
+Every value remembers where it came from (:class:`EngineConfig.sources`), because the same flag can
+mean different things: with ``--enable-dp-attention`` SGLang divides ``--chunked-prefill-size`` by
+``dp_size`` while resolving its arguments, so the value in a ``ServerArgs(...)`` line is per DP rank
+while the value on the command line is global.
+
+Precedence, lowest first: defaults < launch command in the log < ``ServerArgs`` line in the log
+< crash dump < ``--launch`` given by the user < ``--server-arg KEY=VALUE`` given by the user.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from ..errors import InputError
+from .reprparse import Call, parse_call_at, scalar
+
+# Flag spellings that differ from the ServerArgs field name.
+FLAG_ALIASES = {
+    "tp": "tp_size", "dp": "dp_size", "ep": "ep_size", "pp": "pp_size", "model": "model_path",
+    "tensor_parallel_size": "tp_size", "data_parallel_size": "dp_size", "expert_parallel_size": "ep_size",
+    "speculative_algo": "speculative_algorithm",
+}
+# Flags that take no value (store_true). Anything else consumes the following non-flag tokens.
+BOOL_FLAGS = {
+    "enable_mixed_chunk", "enable_dp_attention", "enable_dp_lm_head", "disable_radix_cache",
+    "trust_remote_code", "disable_cuda_graph", "enable_metrics", "disable_overlap_schedule",
+    "enable_torch_compile", "disable_chunked_prefix_cache", "enable_ep_moe", "enable_deepep_moe",
+    "disable_shared_experts_fusion", "enable_two_batch_overlap", "skip_server_warmup",
+    "enable_hierarchical_cache", "enable_nan_detection", "log_requests", "show_time_cost",
+    "enable_cache_report", "disable_custom_all_reduce", "enable_priority_scheduling",
+    "enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "disable_log_stats",
+}
+# The engine settings the diagnosis reads (SGLang names); others are kept but not interpreted.
+INTERPRETED = (
+    "model_path", "chunked_prefill_size", "max_prefill_tokens", "enable_mixed_chunk",
+    "max_running_requests", "dp_size", "enable_dp_attention", "tp_size", "ep_size", "pp_size",
+    "disaggregation_mode", "disaggregation_decode_extra_slots", "speculative_algorithm",
+    "speculative_num_draft_tokens", "speculative_num_steps", "decode_log_interval",
+    "prefill_max_requests", "cuda_graph_max_bs", "context_length", "attention_backend", "page_size",
+    "kv_cache_dtype", "max_num_batched_tokens", "max_num_seqs", "crash_dump_folder",
+)
+LAUNCH_MARKERS = (
+    re.compile(r"(?:^|[\s/'\"])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.launch_server\b|\S*sglang/launch_server\.py\b"),
+    re.compile(r"(?:^|[\s/'\"])sglang\s+serve\b"),
+    re.compile(r"(?:^|[\s/'\"])(?:python3?(?:\.\d+)?\s+-m\s+)?vllm\.entrypoints\.openai\.api_server\b"),
+    re.compile(r"(?:^|[\s/'\"])vllm\s+serve\b"),
+)
+MAX_LAUNCH_CHARS = 256 * 1024
+
+
+def norm_key(flag: str) -> str:
+    k = flag.strip().lstrip("-").replace("-", "_")
+    return FLAG_ALIASES.get(k, k)
+
+
+def coerce(text: str) -> Any:
+    """A command-line value -> int / float / bool / None / str."""
+    t = text.strip()
+    low = t.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    return scalar(t)
+
+
+def find_launch(line: str) -> tuple[str, int] | None:
+    """``(engine, offset)`` where a launch command starts in ``line``, or ``None``."""
+    if "sglang" not in line and "vllm" not in line:
+        return None
+    for i, pat in enumerate(LAUNCH_MARKERS):
+        m = pat.search(line)
+        if m:
+            return ("sglang" if i < 2 else "vllm"), m.start()
+    return None
+
+
+_SHELL_END = re.compile(r"^(?:\||&&|;|&|\|\||\d*[<>].*|&>.*)$")
+
+
+def _is_shell_end(tok: str) -> bool:
+    return bool(_SHELL_END.match(tok))
+
+
+def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
+    """Flags of an ``sglang.launch_server`` / ``sglang serve`` / ``vllm serve`` command -> {name: value}.
+
+    ``--flag value``, ``--flag=value``, bare boolean flags and multi-value flags (a list) are
+    understood; a positional argument after ``serve`` is the model path.
+    """
+    text = command.replace("\\\n", " ").replace("\\\r\n", " ")
+    if len(text) > MAX_LAUNCH_CHARS:
+        raise InputError(where, f"launch command longer than {MAX_LAUNCH_CHARS} characters")
+    hit = find_launch(text)
+    if hit is not None:
+        text = text[hit[1]:]
+    elif not text.strip().startswith("--"):
+        raise InputError(where, "expected 'python -m sglang.launch_server ...', 'sglang serve ...', 'vllm serve ...' "
+                                f"or bare --flags, got {text.strip()[:60]!r}")
+    try:
+        toks = shlex.split(text, comments=False, posix=True)
+    except ValueError:
+        toks = text.split()   # unbalanced quotes in a pasted command: fall back to whitespace
+    # Drop everything up to the entry point.
+    start = 0
+    for i, t in enumerate(toks):
+        if t.endswith(("sglang.launch_server", "vllm.entrypoints.openai.api_server", "launch_server.py")) or (
+                t == "serve" and i > 0 and toks[i - 1].endswith(("sglang", "vllm"))):
+            start = i + 1
+            break
+    toks = toks[start:]
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if _is_shell_end(t):
+            break   # end of the command in a shell line
+        if not t.startswith("--"):
+            if i == 0 and "model_path" not in out:
+                out["model_path"] = t
+            i += 1
+            continue
+        name, eq, inline = t[2:].partition("=")
+        key = norm_key(name)
+        if not key:
+            i += 1
+            continue
+        if eq:
+            out[key] = coerce(inline)
+            i += 1
+            continue
+        if key in BOOL_FLAGS:
+            nxt = toks[i + 1].lower() if i + 1 < len(toks) else ""
+            if nxt in ("true", "false"):
+                out[key] = nxt == "true"
+                i += 2
+            else:
+                out[key] = True
+                i += 1
+            continue
+        vals = []
+        j = i + 1
+        while j < len(toks) and not toks[j].startswith("--") and not _is_shell_end(toks[j]):
+            vals.append(toks[j])
+            j += 1
+        if not vals:
+            out[key] = True
+        else:
+            out[key] = coerce(vals[0]) if len(vals) == 1 else [coerce(v) for v in vals]
+        i = j
+    return out
+
+
+def parse_server_arg_overrides(items: Iterable[str]) -> dict[str, Any]:
+    """``--server-arg KEY=VALUE`` items -> {key: value}; a malformed item names itself."""
+    out: dict[str, Any] = {}
+    for it in items:
+        key, eq, val = it.partition("=")
+        if not eq or not key.strip():
+            raise InputError("--server-arg", f"expected KEY=VALUE (e.g. chunked_prefill_size=8192), got {it!r}")
+        out[norm_key(key)] = coerce(val)
+    return out
+
+
+def server_args_from_line(line: str) -> tuple[dict[str, Any], bool] | None:
+    """``server_args=ServerArgs(...)`` (or a bare ``ServerArgs(...)``) -> ({field: value}, complete)."""
+    call = parse_call_at(line, "ServerArgs", partial=True)
+    if call is None:
+        return None
+    return {k: _plain_value(v) for k, v in call.kwargs.items()}, call.complete
+
+
+def _plain_value(v: Any) -> Any:
+    if isinstance(v, Call):
+        return v.name
+    if isinstance(v, str):
+        m = re.match(r"<[\w.]+\.(\w+): '?([^'>]*)'?>$", v)
+        if m:   # enum repr  <DisaggregationMode.DECODE: 'decode'>
+            return scalar(m.group(2))
+        if re.match(r"[A-Z]\w*\.[A-Z_]+$", v):  # DisaggregationMode.DECODE
+            return v.rsplit(".", 1)[1].lower()
+    return v
+
+
+DP_CHUNK_WARNING = re.compile(r"chunked prefill size is adjusted (?:from (\d+) )?to (-?\d+)")
+
+
+@dataclass
+class EngineConfig:
+    """Engine settings with their provenance. ``per_rank`` flags hold values already divided per DP rank."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    engine: str | None = None          # "sglang" | "vllm" when known
+    per_rank_chunk: bool = False       # chunked_prefill_size already divided by dp_size
+    notes: list[str] = field(default_factory=list)
+
+    def update(self, values: Mapping[str, Any], source: str, per_rank_chunk: bool | None = None) -> None:
+        for k, v in values.items():
+            self.values[k] = v
+            self.sources[k] = source
+        if per_rank_chunk is not None and "chunked_prefill_size" in values:
+            self.per_rank_chunk = per_rank_chunk
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.values.get(key)
+        return default if v is None else v
+
+    @property
+    def dp_size(self) -> int:
+        v = self.get("dp_size", 1)
+        return v if isinstance(v, int) and v >= 1 else 1
+
+    @property
+    def dp_attention(self) -> bool:
+        return bool(self.get("enable_dp_attention", False)) and self.dp_size > 1
+
+    def chunk_per_rank(self) -> int | None:
+        """The chunked-prefill budget of one DP-attention rank (None when chunking is off)."""
+        c = self.get("chunked_prefill_size")
+        if not isinstance(c, int) or isinstance(c, bool) or c <= 0:
+            return None
+        if self.dp_attention and not self.per_rank_chunk:
+            return c // self.dp_size
+        return c
+
+    def max_prefill_tokens(self) -> int | None:
+        v = self.get("max_prefill_tokens")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    def running_limit_per_rank(self) -> int | None:
+        r = self.get("max_running_requests")
+        if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+            return None
+        return r // self.dp_size if self.dp_attention else r
+
+    def to_dict(self) -> dict:
+        keys = [k for k in INTERPRETED if k in self.values]
+        return {
+            "engine": self.engine,
+            "values": {k: self.values[k] for k in keys},
+            "sources": {k: self.sources[k] for k in keys},
+            "chunked_prefill_size_per_rank": self.chunk_per_rank(),
+            "notes": list(self.notes),
+        }

@@ -1,0 +1,425 @@
+"""One streaming pass over an engine log: scheduler steps per DP rank, errors, configuration, vLLM dumps.
+
+Memory stays bounded whatever the log size: per rank only the last ``window`` steps are kept (plus
+counters and the largest prefill seen), errors and examples are capped, and a line longer than
+``MAX_LINE`` characters is cut (and counted). Every line lands in exactly one counted category:
+scheduler step, mirrored step (the same batch printed by another TP rank), batch-like line that did
+not parse (examples kept), error, configuration, vLLM dump, or other.
+"""
+from __future__ import annotations
+
+import gzip
+import re
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Callable, Iterable, Iterator
+
+from ..errors import InputError
+from .crash_lines import ErrorEvent, classify_error
+from .launch import DP_CHUNK_WARNING, EngineConfig, find_launch, parse_launch, server_args_from_line
+from .sglang_log import (Era, LineParseError, Step, looks_like_batch_line, parse_batch_line,
+                         parse_prefix)
+from .vllm_dump import MARKER as VLLM_MARKER
+from .vllm_dump import VllmStep, parse_scheduler_output
+
+MAX_LINE = 1 << 20              # characters kept of one line
+DEFAULT_WINDOW = 64             # steps kept per rank
+MAX_ERRORS = 200
+MAX_EXAMPLES = 5
+MAX_VLLM_DUMP_CHARS = 4 << 20
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+_VLLM_PREFIX = re.compile(r"\((?P<proc>\w+?)(?:_DP(?P<dp>\d+))?\s+pid=\d+\)")
+_VLLM_CONFIG = re.compile(r"\b(max_num_batched_tokens|max_num_seqs|max_model_len)\s*[=:]\s*'?(\d+)")
+
+
+@dataclass
+class RankTimeline:
+    """What one DP rank scheduled: the last ``window`` steps, counters, and the largest prefill."""
+
+    rank: str
+    window: int
+    steps: deque = field(default=None)  # type: ignore[assignment]
+    reporting_tp: int | None = None
+    num_prefill: int = 0
+    num_decode: int = 0
+    num_mirrored: int = 0
+    largest_prefill: Step | None = None
+    largest_decode: Step | None = None
+    last_line: int = 0
+
+    def __post_init__(self):
+        if self.steps is None:
+            self.steps = deque(maxlen=self.window)
+
+    def add(self, s: Step) -> None:
+        self.steps.append(s)
+        self.last_line = s.line_no
+        if s.kind == "prefill":
+            self.num_prefill += 1
+            if self.largest_prefill is None or (s.new_token or 0) > (self.largest_prefill.new_token or 0):
+                self.largest_prefill = s
+        else:
+            self.num_decode += 1
+            if self.largest_decode is None or (s.running_req or 0) > (self.largest_decode.running_req or 0):
+                self.largest_decode = s
+
+    def before(self, line_no: int) -> list[Step]:
+        return [s for s in self.steps if s.line_no < line_no]
+
+    def last(self, kind: str | None = None, before_line: int | None = None) -> Step | None:
+        for s in reversed(self.steps):
+            if (kind is None or s.kind == kind) and (before_line is None or s.line_no < before_line):
+                return s
+        return None
+
+    def to_dict(self, tail: int = 8) -> dict:
+        return {"rank": self.rank, "num_prefill": self.num_prefill, "num_decode": self.num_decode,
+                "num_mirrored": self.num_mirrored,
+                "largest_prefill": self.largest_prefill.to_dict() if self.largest_prefill else None,
+                "tail": [s.to_dict() for s in list(self.steps)[-tail:]]}
+
+
+@dataclass
+class LogEvidence:
+    """Everything one pass over a log found."""
+
+    name: str
+    ranks: dict[str, RankTimeline] = field(default_factory=dict)
+    errors: list[ErrorEvent] = field(default_factory=list)
+    error_counts: Counter = field(default_factory=Counter)
+    first_error_by_rank: dict[str, ErrorEvent] = field(default_factory=dict)
+    config: EngineConfig = field(default_factory=EngineConfig)
+    eras: Counter = field(default_factory=Counter)
+    era_examples: dict[str, Era] = field(default_factory=dict)
+    vllm_steps: list[VllmStep] = field(default_factory=list)
+    counts: Counter = field(default_factory=Counter)
+    unparsed_examples: list[dict] = field(default_factory=list)
+    unparsed_last: deque = field(default_factory=lambda: deque(maxlen=2))
+    truncated_lines: int = 0
+    total_lines: int = 0
+    notes: list[str] = field(default_factory=list)
+    engine: str | None = None
+
+    # -------------------------------------------------------------- queries
+    def era(self) -> Era | None:
+        """The most specific era any line showed (prefill signals outrank decode ones)."""
+        if not self.era_examples:
+            return None
+        return max(self.era_examples.values(), key=lambda e: e.rank)
+
+    def root_error(self) -> ErrorEvent | None:
+        """The first error of the highest specificity: the cause rather than its echoes."""
+        if not self.errors:
+            return None
+        best = max(e.specificity for e in self.errors)
+        return next(e for e in self.errors if e.specificity == best)
+
+    def to_dict(self) -> dict:
+        era = self.era()
+        return {
+            "name": self.name, "total_lines": self.total_lines, "line_counts": dict(self.counts),
+            "truncated_lines": self.truncated_lines,
+            "unparsed": {"count": self.counts.get("unparsed_batch_line", 0),
+                         "examples": self.unparsed_examples + [x for x in self.unparsed_last
+                                                              if x not in self.unparsed_examples]},
+            "era": era.to_dict() if era else None, "eras_seen": dict(self.eras),
+            "ranks": {k: v.to_dict() for k, v in sorted(self.ranks.items())},
+            "errors": [e.to_dict() for e in self.errors[:20]], "error_counts": dict(self.error_counts),
+            "config": self.config.to_dict(), "vllm_steps": [s.to_dict() for s in self.vllm_steps[-3:]],
+            "notes": list(self.notes),
+        }
+
+
+class LogScanner:
+    """Feed lines in order (:meth:`feed`), then read :attr:`evidence`."""
+
+    def __init__(self, name: str = "<log>", window: int = DEFAULT_WINDOW):
+        self.ev = LogEvidence(name)
+        self.window = window
+        self._ctx_rank: str | None = None       # rank of the last prefixed line (for unprefixed lines)
+        self._launch_buf: list[str] | None = None
+        self._launch_line = 0
+        self._vllm_buf: list[str] | None = None
+        self._vllm_line = 0
+        self._vllm_waiting = 0
+
+    @property
+    def evidence(self) -> LogEvidence:
+        return self.ev
+
+    # ------------------------------------------------------------------ feeding
+    def feed(self, line: str, no: int) -> None:
+        ev = self.ev
+        ev.total_lines = no
+        if "\x1b" in line:
+            line = _ANSI.sub("", line)
+        line = line.rstrip("\r\n")
+        if self._vllm_buf is not None:
+            if self._continue_vllm(line, no):
+                ev.counts["vllm_dump"] += 1
+                return
+        if self._launch_buf is not None:
+            self._launch_buf.append(line)
+            if not line.rstrip().endswith("\\") or len(self._launch_buf) > 400:
+                self._finish_launch()
+            ev.counts["config"] += 1
+            return
+        if not line.strip():
+            ev.counts["blank"] += 1
+            return
+        prefix = parse_prefix(line)
+        if prefix is not None:
+            # Unprefixed lines that follow a prefixed exception line (a traceback) belong to its rank;
+            # any other prefixed line ends that context.
+            self._ctx_rank = None
+        if looks_like_batch_line(line):
+            self._batch_line(line, no, prefix)
+            return
+        if VLLM_MARKER in line or "SchedulerOutput(" in line:
+            ev.engine = ev.engine or "vllm"
+            self._start_vllm(line, no)
+            ev.counts["vllm_dump"] += 1
+            return
+        if "ServerArgs(" in line:
+            got = server_args_from_line(line)
+            if got is not None:
+                vals, complete = got
+                ev.config.update(vals, f"{ev.name}:{no} (ServerArgs)", per_rank_chunk=True)
+                ev.config.engine = ev.config.engine or "sglang"
+                if not complete:
+                    ev.notes.append(f"line {no}: the ServerArgs(...) text is cut off; {len(vals)} fields read")
+                ev.counts["config"] += 1
+                return
+        m = DP_CHUNK_WARNING.search(line)
+        if m:
+            ev.config.update({"chunked_prefill_size": int(m.group(2))}, f"{ev.name}:{no} (DP-attention adjustment)",
+                             per_rank_chunk=True)
+            ev.counts["config"] += 1
+            return
+        hit = find_launch(line)
+        if hit is not None and ("--" in line[hit[1]:] or line.rstrip().endswith("\\")):
+            self._launch_buf = [line[hit[1]:]]
+            self._launch_line = no
+            ev.config.engine = ev.config.engine or hit[0]
+            if not line.rstrip().endswith("\\"):
+                self._finish_launch()
+            ev.counts["config"] += 1
+            return
+        if "max_num_batched_tokens" in line or "max_num_seqs" in line:
+            vals = {k: int(v) for k, v in _VLLM_CONFIG.findall(line)}
+            if vals:
+                ev.config.update(vals, f"{ev.name}:{no} (vLLM config)")
+                ev.counts["config"] += 1
+                return
+        got = classify_error(line)
+        if got is not None:
+            self._error(line, no, prefix, *got)
+            return
+        ev.counts["other"] += 1
+
+    def _batch_line(self, line: str, no: int, prefix) -> None:
+        ev = self.ev
+        try:
+            step = parse_batch_line(line, no, prefix)
+        except LineParseError as e:
+            ev.counts["unparsed_batch_line"] += 1
+            ex = {"line": no, "reason": str(e), "text": line.strip()[:300]}
+            if len(ev.unparsed_examples) < MAX_EXAMPLES:
+                ev.unparsed_examples.append(ex)
+            else:
+                ev.unparsed_last.append(ex)
+            return
+        ev.engine = ev.engine or "sglang"
+        tl = ev.ranks.get(step.rank)
+        if tl is None:
+            tl = ev.ranks[step.rank] = RankTimeline(step.rank, self.window)
+        tp = prefix.ranks.get("TP") if prefix is not None else None
+        if tl.reporting_tp is None:
+            tl.reporting_tp = tp
+        elif tp is not None and tp != tl.reporting_tp:
+            tl.num_mirrored += 1   # another TP rank of the same DP group printing the same batch
+            ev.counts["mirrored_step"] += 1
+            return
+        tl.add(step)
+        ev.counts[f"{step.kind}_step"] += 1
+        ev.eras[step.era.label] += 1
+        ev.era_examples.setdefault(step.era.label, step.era)
+
+    def _error(self, line: str, no: int, prefix, kind: str, nums: dict) -> None:
+        ev = self.ev
+        ev.counts["error"] += 1
+        ev.error_counts[kind] += 1
+        rank = prefix.label() if prefix is not None and prefix.ranks else None
+        inferred = False
+        if rank is None:
+            vm = _VLLM_PREFIX.search(line[:80])
+            if vm and vm.group("dp") is not None:
+                rank = f"DP{vm.group('dp')}"
+        if rank is None and self._ctx_rank is not None:
+            rank, inferred = self._ctx_rank, True
+        if prefix is not None and prefix.ranks and kind in ("scheduler_exception", "traceback", "python_error"):
+            self._ctx_rank = prefix.label()
+        text = line.strip()
+        if prefix is not None:
+            text = line[prefix.end:].strip() or text
+        e = ErrorEvent(kind, no, text[:500], rank, inferred, prefix.timestamp if prefix else None, nums)
+        if len(ev.errors) < MAX_ERRORS:
+            ev.errors.append(e)
+        elif e.specificity > max(x.specificity for x in ev.errors):
+            ev.errors.append(e)     # never lose a more specific error to the cap
+        if rank is not None and not inferred:
+            ev.first_error_by_rank.setdefault(rank, e)
+
+    # ------------------------------------------------------------------ multi-line items
+    def _finish_launch(self) -> None:
+        buf, self._launch_buf = self._launch_buf or [], None
+        text = " ".join(x.rstrip().rstrip("\\") for x in buf)
+        try:
+            vals = parse_launch(text, f"{self.ev.name}:{self._launch_line}")
+        except InputError as e:
+            self.ev.notes.append(f"line {self._launch_line}: launch command not read: {e}")
+            return
+        # ServerArgs (resolved) values outrank the command line: keep those already read.
+        src = self.ev.config.sources
+        keep = {k: v for k, v in vals.items()
+                if "(ServerArgs)" not in src.get(k, "") and "(DP-attention adjustment)" not in src.get(k, "")}
+        self.ev.config.update(keep, f"{self.ev.name}:{self._launch_line} (launch command)", per_rank_chunk=False)
+
+    def _start_vllm(self, line: str, no: int) -> None:
+        i = line.find("SchedulerOutput(")
+        self._vllm_line = no
+        self._vllm_buf = [line[i:]] if i >= 0 else []
+        self._vllm_waiting = 3 if i < 0 else 0
+        if i >= 0 and self._balanced(self._vllm_buf):
+            self._finish_vllm()
+
+    def _continue_vllm(self, line: str, no: int) -> bool:
+        buf = self._vllm_buf
+        assert buf is not None
+        if not buf:
+            i = line.find("SchedulerOutput(")
+            if i < 0:
+                self._vllm_waiting -= 1
+                if self._vllm_waiting <= 0:
+                    self._vllm_buf = None
+                    self.ev.notes.append(f"line {self._vllm_line}: 'Dumping scheduler output' without a SchedulerOutput")
+                return False
+            self._vllm_line = no
+            buf.append(line[i:])
+        else:
+            buf.append(line)
+        if self._balanced(buf) or sum(len(x) for x in buf) > MAX_VLLM_DUMP_CHARS:
+            self._finish_vllm()
+        return True
+
+    @staticmethod
+    def _balanced(buf: list[str]) -> bool:
+        depth = 0
+        quote = None
+        for chunk in buf:
+            for c in chunk:
+                if quote:
+                    if c == quote:
+                        quote = None
+                    continue
+                if c in "'\"":
+                    quote = c
+                elif c in "([{":
+                    depth += 1
+                elif c in ")]}":
+                    depth -= 1
+                    if depth == 0:
+                        return True
+        return False
+
+    def _finish_vllm(self) -> None:
+        buf, self._vllm_buf = self._vllm_buf or [], None
+        text = "\n".join(buf)
+        try:
+            step = parse_scheduler_output(text, self._vllm_line)
+        except InputError as e:
+            self.ev.notes.append(f"line {self._vllm_line}: vLLM scheduler dump not read: {e}")
+            self.ev.counts["unparsed_vllm_dump"] += 1
+            return
+        self.ev.vllm_steps.append(step)
+        if len(self.ev.vllm_steps) > 8:
+            self.ev.vllm_steps.pop(0)
+
+    def finish(self) -> LogEvidence:
+        if self._launch_buf is not None:
+            self._finish_launch()
+        if self._vllm_buf:
+            self._finish_vllm()
+        return self.ev
+
+
+# ---------------------------------------------------------------------------------- reading
+def _open(path: str) -> tuple[IO[bytes], IO[bytes], int]:
+    p = Path(path)
+    if not p.exists():
+        raise InputError("LOG", f"{path}: no such file")
+    if p.is_dir():
+        raise InputError("LOG", f"{path}: is a directory")
+    raw = p.open("rb")
+    size = p.stat().st_size
+    head = raw.read(2)
+    raw.seek(0)
+    if head == b"\x1f\x8b":
+        return gzip.open(raw, "rb"), raw, size  # type: ignore[return-value]
+    return raw, raw, size
+
+
+def iter_lines(fh: IO[bytes], counter: Callable[[], None] | None = None) -> Iterator[tuple[str, bool]]:
+    """Decoded lines, each cut to ``MAX_LINE`` characters; yields (text, was_cut)."""
+    while True:
+        chunk = fh.readline(MAX_LINE)
+        if not chunk:
+            return
+        cut = False
+        if len(chunk) >= MAX_LINE and not chunk.endswith(b"\n"):
+            cut = True
+            while True:  # drain the rest of the over-long line without keeping it
+                more = fh.readline(MAX_LINE)
+                if not more or more.endswith(b"\n"):
+                    break
+        yield chunk.decode("utf-8", errors="replace"), cut
+
+
+def scan_lines(lines: Iterable[str], name: str = "<log>", window: int = DEFAULT_WINDOW) -> LogEvidence:
+    sc = LogScanner(name, window)
+    no = 0
+    for no, line in enumerate(lines, 1):
+        sc.feed(line, no)
+    return sc.finish()
+
+
+def scan_file(path: str, window: int = DEFAULT_WINDOW, progress: Any = None) -> LogEvidence:
+    """Stream ``path`` (plain or gzip) through a :class:`LogScanner`. ``progress(bytes_done, total)``
+    is called every few thousand lines."""
+    fh, raw, size = _open(path)
+    sc = LogScanner(path, window)
+    no = 0
+    try:
+        with raw:
+            head = raw.read(1) if fh is raw else b""
+            if fh is raw:
+                raw.seek(0)
+            if head == b"\x80":
+                raise InputError("LOG", f"{path}: looks like a pickle, not a log; pass it with --dump")
+            for no, (line, cut) in enumerate(iter_lines(fh), 1):
+                if cut:
+                    sc.ev.truncated_lines += 1
+                    if sc.ev.truncated_lines <= 3:
+                        sc.ev.notes.append(f"line {no}: longer than {MAX_LINE} characters; only the start was read")
+                sc.feed(line, no)
+                if progress is not None and no % 8192 == 0:
+                    progress(raw.tell(), size)
+    except OSError as e:
+        raise InputError("LOG", f"{path}: {e}") from None
+    if progress is not None:
+        progress(size, size)
+    ev = sc.finish()
+    if no == 0:
+        raise InputError("LOG", f"{path}: empty file")
+    return ev
