@@ -190,3 +190,19 @@ def test_boundary_follows_the_gpu_profile(gpu):
     smem = resolve_gpu(gpu).smem_optin
     diag = run("sglang-dsv4-prefill-12288.log", gpu=gpu)
     assert diag.explained.boundary.largest_legal == (smem // 4 - 1) // 5
+
+
+def test_pd_slot_crash_on_gpu_without_a_slot_number():
+    # DP attention halves --max-running-requests 64 to R = 32 per worker; extra slots default to 2 x R
+    # (sglang-facts.md B); the draft tails have R + 1 rows. The crashed rank (DP1, from its traceback)
+    # holds 32 running + 33 pre-allocated + 12 transferring slots: some slot is >= 77.
+    diag = run("sglang-pd-decode-dp-illegal-access.log")
+    ex = diag.explained
+    R = 64 // 2
+    held = 32 + 33 + 12
+    assert diag.error.kind == "illegal_memory_access" and diag.error.rank == "DP1"
+    assert ex.rank == "DP1" and ex.kind == "slot" and not ex.exact
+    assert (ex.lo, ex.hi) == (held, R + 2 * R)
+    assert ex.codes == ["SLOT002"]
+    assert (ex.boundary.largest_legal, ex.boundary.first_illegal, ex.boundary.margin) == (R, R + 1, held - R)
+    assert ex.version == "0.5.10"      # the line format says >= 0.5.10; only a pre-fix build explains it

@@ -453,8 +453,8 @@ class Builder:
             basis.append(f"largest prefill that ran on {rank}: {largest.new_token} new tokens (line {largest.line_no})")
 
         def make(v: int, version: str | None) -> dict:
-            n = max(1, min(v // 4096 + 1, 8))
-            return prefill_doc(self.profile, version, self.gpu, self.sa(), n, v, 0, running, rl,
+            # How the tokens split between requests is not known (and does not change the row count).
+            return prefill_doc(self.profile, version, self.gpu, self.sa(), 1, v, 0, running, rl,
                                f"reconstructed next prefill on {rank} ({v} new tokens)")
         label = (f"the prefill after line {p.line_no} (not in the log: this version prints a batch after its forward)"
                  if p is not None else "a prefill batch (no Prefill line on this rank)")
@@ -528,7 +528,8 @@ class Builder:
             lo_v, hi_v, likely, exact = idx, idx, idx, True
         else:
             lo_v, hi_v, likely, exact = max(held, 1), max(table_max, held, 1), None, False
-            basis.append(f"no slot number in the error: the largest live slot is between {lo_v} and {hi_v}")
+            basis.append(f"no slot number in the error: {lo_v} slot(s) are held, each distinct and >= 1, so the largest is "
+                         f"at least {lo_v}; the table allows up to {hi_v}")
         n = max(1, min(running, MAX_SYNTH_REQUESTS))
         sl = _running_len(d, running)
 
@@ -701,7 +702,7 @@ def _ranks_to_check(ev: LogEvidence, err: ErrorEvent | None, want: str | None) -
         if w not in ev.ranks:
             raise InputError("--rank", f"no scheduler lines for {w} in the log; ranks seen: {', '.join(ranks) or 'none'}")
         return [w]
-    if err is not None and err.rank is not None and err.rank in ev.ranks and not err.rank_inferred:
+    if err is not None and err.rank is not None and err.rank in ev.ranks:
         return [err.rank] + [r for r in ranks if r != err.rank]
     return ranks
 
@@ -792,8 +793,9 @@ def _pick(cands: list[Candidate], err: ErrorEvent | None) -> Candidate | None:
     illegal = [c for c in cands if c.is_illegal]
     if not illegal:
         return None
-    return max(illegal, key=lambda c: (c.matches_error, c.verdict == "illegal", c.exact, c.likely is not None,
-                                       -cands.index(c)))
+    err_rank = err.rank if err is not None else None
+    return max(illegal, key=lambda c: (c.matches_error, c.rank == err_rank, c.verdict == "illegal", c.exact,
+                                       c.likely is not None, -cands.index(c)))
 
 
 def _cross_check(c: Candidate, err: ErrorEvent, notes: list[str]) -> None:

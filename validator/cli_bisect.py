@@ -162,13 +162,16 @@ def render_diagnosis(diag, console) -> None:
         for line in ex.basis:
             p(f"  - {line}")
         p(f"  {ex.quantity}: {rng}; checked as {', '.join(diag.profile)}" + (f"@{ex.version}" if ex.version else ""))
+        if len(ex.version_notes) > 1:
+            p(f"  engine version not known exactly; checked under each: {'; '.join(ex.version_notes)}")
         p(f"rule: {', '.join(ex.codes)} ({ex.verdict})")
         for f in ex.findings[:3]:
             p(f"  {f['code']} {f['message']}")
         b = ex.boundary
         if b is not None:
             if b.largest_legal is not None:
-                over = f"; over by {b.margin}" if b.margin is not None and b.margin > 0 else ""
+                at_least = "" if ex.exact or ex.likely is not None else "at least "
+                over = f"; over by {at_least}{b.margin}" if b.margin is not None and b.margin > 0 else ""
                 p(f"boundary: largest legal {b.quantity} = {b.largest_legal}, first illegal = {b.first_illegal}"
                   f"{over} ({b.evaluations} checks)")
             elif b.note:
