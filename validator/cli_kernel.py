@@ -1,5 +1,258 @@
-"""Kernel-mode subcommands (``probe``, ``kernel-check``)."""
+"""Kernel-mode subcommands: ``kernel-check``, ``probe`` and ``probe-slot``.
+
+Each runs the real FlashMLA kernels (or a slot-indexed write) in child processes with a timeout and
+prints the measurement next to the model's prediction. Results on stdout, progress on stderr.
+
+Exit codes: 0 the kernel agrees with the model (``probe-slot``: the write ran), 1 a disagreement
+(``probe-slot``: the write failed), 2 bad input, 3 kernel mode unavailable here (no torch, CUDA GPU
+or FlashMLA build).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Optional
+
+import typer
+
+EXIT_AGREE, EXIT_DISAGREE, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+TIMEOUT_HELP = "Seconds each child process may run before its process group is killed (outcome 'timeout')."
+JOBS_HELP = "Child processes run at once (each needs its own GPU memory; 1 = one after another)."
+PROVIDER_HELP = "FlashMLA provider: auto (upstream flash_mla first, then sgl_kernel), flash_mla or sgl_kernel."
+PYTHON_HELP = "Python interpreter for the child processes (one with torch and FlashMLA); default: this one."
+BACKEND_HELP = "Child backend module or .py file (default: the torch backend); for testing the plumbing."
+
+
+def _child(python: Optional[str], backend: Optional[str]):
+    from .kernel.runner import ChildSpec
+
+    spec = ChildSpec()
+    return ChildSpec(python=python or spec.python, backend=backend)
+
+
+def _consoles():
+    from rich.console import Console
+
+    out = Console(highlight=False, soft_wrap=True, markup=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+    return out, err
+
+
+def _emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
+
+
+def _fail_input(e) -> None:
+    print(f"error: {e}", file=sys.stderr)
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def kernel_check_cmd(
+    file: str = typer.Argument(..., help="Call records in the oracle format: JSON, JSON array or JSON Lines ('-' = stdin); an optional first line with device fields is a device header."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: provider, device, per-call outcome, metadata diff, agreement."),
+    timeout: float = typer.Option(120.0, "--timeout", help=TIMEOUT_HELP),
+    jobs: int = typer.Option(1, "--jobs", "-j", help=JOBS_HELP),
+    provider: str = typer.Option("auto", "--provider", help=PROVIDER_HELP),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile for the model (default: the device header, else H200); the calls are re-planned for the device that runs them."),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP, hidden=True),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Run only the first N calls."),
+    sample: Optional[int] = typer.Option(None, "--sample", help="Run N calls spread evenly over the file (first and last included)."),
+):
+    """Run each call on the real FlashMLA kernels (one child process each) and diff with the model.
+
+    Reports per call the kernel's outcome (ok, python_exception, process_exit with the CUDA error's
+    file:line, illegal_memory_access, process_crash with the signal, timeout), whether
+    tile_scheduler_metadata and num_splits match the model bit for bit, and whether the model's
+    verdict agrees; then agreement per rule code. Exit 0 all agree, 1 disagreement, 2 bad input,
+    3 kernel mode unavailable.
+
+    Examples:
+
+    * `validate-batch kernel-check fixtures/oracle/flashmla_h200_cases.jsonl --sample 40 -j 4`
+
+    * `echo '{"kind":"sparse","b":12288,"s_q":1,"h_q":64,"d_qk":512,"topk":512}' | validate-batch kernel-check -`
+    """
+    from .errors import InputError
+    from .kernel.check import kernel_check_report, render_kernel_result
+    from .session import check_documents
+
+    out, err = _consoles()
+    try:
+        report, _payload = check_documents(file, gpu, None)
+        if limit is not None:
+            if limit < 1:
+                raise InputError("--limit", f"expected >= 1, got {limit}")
+            report.plans = report.plans[:limit]
+        if sample is not None:
+            if sample < 1:
+                raise InputError("--sample", f"expected >= 1, got {sample}")
+            report.plans = [report.plans[i] for i in spread_indices(len(report.plans), sample)]
+        if jobs < 1:
+            raise InputError("--jobs", f"expected >= 1, got {jobs}")
+        if timeout <= 0:
+            raise InputError("--timeout", f"expected > 0 seconds, got {timeout}")
+    except InputError as e:
+        _fail_input(e)
+    result = kernel_check_report(report, err, provider=provider, timeout=timeout, max_parallel=jobs,
+                                 child=_child(python, backend))
+    if as_json:
+        _emit_json(result)
+    else:
+        render_kernel_result(result, out)
+    if not result.get("available"):
+        raise typer.Exit(EXIT_UNAVAILABLE)
+    raise typer.Exit(EXIT_AGREE if result.get("agreement") else EXIT_DISAGREE)
+
+
+def spread_indices(n: int, k: int) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)``, first and last included (all when k >= n)."""
+    if k >= n:
+        return list(range(n))
+    if k == 1:
+        return [0]
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)})
+
+
+def _render_probe(res: dict, out) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    q = res["quantity"]
+    m = res["model"]
+    tmpl = json.dumps(res["template"], separators=(",", ":"))
+    out.print(f"probe {q} over [{res['range'][0]}, {res['range'][1]}] for {escape(tmpl)}", markup=True)
+    codes = ",".join(m["codes_at_first_illegal"]) or "-"
+    if m["first_illegal"] is None:
+        out.print(f"  model:    legal over the whole range")
+    else:
+        out.print(f"  model:    largest legal {q} = {m['last_legal']} (first illegal {m['first_illegal']}: {codes})"
+                  + ("" if m["monotonic"] else f"; NOT monotonic, legal again at "
+                     f"{', '.join(map(str, m['legal_again'][:5]))}"))
+    meas = res["measured"]
+    if not meas.get("available"):
+        out.print(f"  measured: unavailable - {escape(str(meas.get('reason')))}", markup=True)
+        return
+    t = Table(q, "measured", "outcome", "model", "model codes", "agrees", "why probed")
+    for p in res["probes"]:
+        ag = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "-"}[p["agrees"]]
+        t.add_row(str(p["value"]), p["verdict"], p["outcome"], p["model_verdict"], ",".join(p["model_codes"]) or "-",
+                  ag, p["reason"])
+    out.print(t)
+    st = meas["status"]
+    if st == "found":
+        out.print(f"  measured: largest legal {q} = {meas['last_legal']}, first illegal {meas['first_illegal']} "
+                  f"({meas['failure']}: {escape(str(meas['failure_message'] or ''))})", markup=True)
+    elif st == "hi_legal":
+        out.print(f"  measured: legal up to the top of the range ({res['range'][1]})")
+    elif st == "lo_illegal":
+        out.print(f"  measured: already illegal at the bottom of the range ({res['range'][0]})")
+    else:
+        out.print("  measured: inconclusive (timeouts or unavailable probes)")
+    for n in res.get("notes", []):
+        out.print(f"  note: {escape(n)}", markup=True)
+    verdict = "[bold green]AGREE[/]" if res.get("agree") else "[bold red]DISAGREE[/]"
+    out.print(f"  kernel vs model: {verdict} ({meas['num_probes']} probes, one child process each)", markup=True)
+
+
+def probe_cmd(
+    quantity: str = typer.Option("b", "--quantity", "-q", help="The integer field to probe: b (query rows), s_q, topk, ..."),
+    template: str = typer.Option(..., "--template", "-t", help="Call record without the probed field, e.g. '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'."),
+    lo: Optional[int] = typer.Option(None, "--lo", help="Lower end of the search (default 1 for b)."),
+    hi: Optional[int] = typer.Option(None, "--hi", help="Upper end of the search (default 16384 for b)."),
+    as_json: bool = typer.Option(False, "--json", help="The result as one JSON object."),
+    timeout: float = typer.Option(120.0, "--timeout", help=TIMEOUT_HELP),
+    jobs: int = typer.Option(1, "--jobs", "-j", help=JOBS_HELP + " With N > 1 each round probes N values."),
+    provider: str = typer.Option("auto", "--provider", help=PROVIDER_HELP),
+    gpu: str = typer.Option("H200", "--gpu", help="GPU profile for the model when no GPU is detected."),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP, hidden=True),
+):
+    """Find a limit on the hardware by bisection (one child process per probe), beside the model's answer.
+
+    Every probe is listed with the model's prediction next to it; the model's own boundary is probed
+    too, and legality that is not monotonic (as the 32-bit o_accum offset limit is) is reported,
+    never assumed away. Exit 0 agree, 1 disagree, 2 bad input, 3 no GPU/FlashMLA (the model's answer
+    is still printed).
+
+    Examples:
+
+    * `validate-batch probe --quantity b --template '{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128}'`
+
+    * `validate-batch probe -q b -t '{"kind":"sparse","s_q":8,"h_q":128,"d_qk":512,"topk":2048}' --hi 8192 -j 4`
+    """
+    from .errors import InputError
+    from .kernel.probe import probe_boundary
+
+    out, err = _consoles()
+    if jobs < 1:
+        _fail_input(InputError("--jobs", f"expected >= 1, got {jobs}"))
+
+    def progress(p) -> None:
+        err.print(f"probe {quantity}={p.value}: {p.outcome} (model: {p.model_verdict}"
+                  f"{' ' + ','.join(p.model_codes) if p.model_codes else ''}) in {p.elapsed_s:.1f} s")
+
+    try:
+        res = probe_boundary(template, quantity, lo, hi, gpu=gpu, provider=provider, timeout=timeout,
+                             max_parallel=jobs, child=_child(python, backend), progress=progress)
+    except InputError as e:
+        _fail_input(e)
+    if as_json:
+        _emit_json(res)
+    else:
+        _render_probe(res, out)
+    if not res["measured"].get("available"):
+        raise typer.Exit(EXIT_UNAVAILABLE)
+    raise typer.Exit(EXIT_AGREE if res.get("agree") else EXIT_DISAGREE)
+
+
+def probe_slot_cmd(
+    rows: int = typer.Option(..., "--rows", help="Rows of the slot-indexed buffer (e.g. max_running_requests + 1)."),
+    slot: int = typer.Option(..., "--slot", help="The slot index written (e.g. a req_pool_idx from the bigger table)."),
+    width: int = typer.Option(1, "--width", help="Second dimension of the bf16 [rows, width, 128] buffer."),
+    device: str = typer.Option("cuda", "--device", help="cuda or cpu."),
+    as_json: bool = typer.Option(False, "--json", help="The result as one JSON object."),
+    timeout: float = typer.Option(60.0, "--timeout", help=TIMEOUT_HELP),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP, hidden=True),
+):
+    """Write row SLOT of a slot-indexed buffer of ROWS rows on the GPU (child process) and report how it fails.
+
+    Prints the device-side failure next to the CPU one (`index 96 is out of bounds for dimension 0 with
+    size 33`). Exit 0 the write ran, 1 it failed, 2 bad input, 3 unavailable.
+
+    Example: `validate-batch probe-slot --rows 33 --slot 96 --width 4`
+    """
+    from .errors import InputError
+    from .kernel.slots import probe_slot_index
+
+    out, _err = _consoles()
+    try:
+        res = probe_slot_index(rows, width, slot, device=device, timeout=timeout, child=_child(python, backend))
+    except InputError as e:
+        _fail_input(e)
+    if as_json:
+        _emit_json(res)
+    else:
+        where = "in bounds" if res["in_bounds"] else "OUT OF BOUNDS"
+        out.print(f"slot {slot} of a [{rows}, {width}, 128] bf16 buffer ({where})")
+        if not res.get("available"):
+            out.print(f"  {device}: unavailable - {res.get('reason')}")
+        else:
+            out.print(f"  {device}: {res['outcome']}" + (f" - {res['message']}" if res.get("message") else ""))
+        cpu = res.get("cpu")
+        if cpu:
+            out.print(f"  cpu:  {cpu['outcome']}" + (f" - {cpu['message']}" if cpu.get("message") else ""))
+        if res.get("expected_cpu_message"):
+            out.print(f"  torch's CPU bounds check says: {res['expected_cpu_message']}")
+    if not res.get("available"):
+        raise typer.Exit(EXIT_UNAVAILABLE)
+    raise typer.Exit(EXIT_AGREE if res.get("outcome") == "ok" else EXIT_DISAGREE)
 
 
 def register(app) -> None:
-    return None
+    """Add the kernel-mode commands to the ``validate-batch`` app."""
+    app.command("kernel-check")(kernel_check_cmd)
+    app.command("probe")(probe_cmd)
+    app.command("probe-slot")(probe_slot_cmd)

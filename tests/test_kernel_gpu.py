@@ -1,0 +1,133 @@
+"""Kernel mode on a real GPU with a FlashMLA build (marker ``gpu``; skipped cleanly otherwise).
+
+Expected values are the oracle's records (metadata and outcomes measured on an H200 with FlashMLA
+9241ae3) or first-principles arithmetic. Run with ``pytest -m gpu tests/test_kernel_gpu.py``.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ORACLE_DIRS = (REPO_ROOT / "fixtures" / "oracle", REPO_ROOT.parent / "shared" / "oracle")
+SCHED_SITE = "csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:111"
+TIMEOUT_S = 180.0
+PARALLEL = 4
+
+
+@lru_cache(maxsize=1)
+def _detection():
+    from validator.kernel.providers import detect
+
+    return detect("auto", timeout=TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def gpu_detection():
+    det = _detection()
+    if not det.available:
+        pytest.skip(f"kernel mode unavailable: {det.reason}")
+    return det
+
+
+def _oracle(name: str) -> list[dict]:
+    for d in ORACLE_DIRS:
+        if (d / name).is_file():
+            return [json.loads(line) for line in (d / name).read_text().splitlines() if line.strip()]
+    pytest.skip(f"{name} not found in {', '.join(map(str, ORACLE_DIRS))}")
+
+
+def _run(records, max_parallel=PARALLEL):
+    from validator.api import check_calls
+    from validator.kernel.check import run_calls
+
+    report = check_calls(records, "H200")
+    return run_calls(report.plans, _detection(), timeout=TIMEOUT_S, max_parallel=max_parallel)
+
+
+def test_device_is_the_oracle_device(gpu_detection):
+    header = _oracle("flashmla_h200_cases.jsonl")[0]
+    dev = gpu_detection.device
+    if (dev["num_sms"], list(dev["cc"])) != (header["num_sms"], header["cc"]):
+        pytest.skip(f"the oracle was recorded on {header['device']}; this is {dev['name']}")
+    assert dev["smem_optin"] == header["smem_optin"]
+
+
+def test_seed_calls(gpu_detection):
+    res = _run([{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512},
+                {"kind": "sparse", "b": 4096, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}])
+    big, small = res["calls"]
+    assert big["kernel"]["outcome"] == "process_exit" and big["kernel"]["exit_code"] == 1
+    assert big["kernel"]["cuda_error"]["site"] == SCHED_SITE
+    assert small["kernel"]["outcome"] == "ok"
+    assert small["metadata"]["identical"], small["metadata"]
+    assert small["metadata"]["kernel_parts"] == 132 // 1 // (64 // 64)
+    assert res["agreement"] is True
+
+
+def test_oracle_cases_metadata_bit_for_bit(gpu_detection):
+    """Kernel metadata today equals what the oracle recorded (columns 0..6) and what the model says."""
+    from validator.kernel.check import diff_metadata
+
+    cases = [r for r in _oracle("flashmla_h200_cases.jsonl")[1:] if "tile_scheduler_metadata" in r]
+    picked = cases[:: max(1, len(cases) // 16)][:16]
+    res = _run(picked)
+    for rec, e in zip(picked, res["calls"]):
+        assert e["kernel"]["outcome"] == "ok", e
+        assert e["metadata"]["identical"], e["metadata"]
+    # The same kernel outputs against the oracle's recorded outputs (not the model's).
+    from validator.api import check_calls
+    from validator.kernel.check import job_for
+    from validator.kernel.runner import run_job
+
+    for rec in picked[:4]:
+        call = check_calls([rec], "H200").plans[0].call
+        r = run_job(job_for(call, gpu_detection.provider), TIMEOUT_S)
+        d = diff_metadata(rec["tile_scheduler_metadata"], rec["num_splits"], r.payload["tile_scheduler_metadata"],
+                          r.payload["num_splits"])
+        assert d.identical, d.describe()
+
+
+PROBE_KEYS = ("kind", "b", "s_q", "h_q", "d_qk", "topk", "topk_length", "extra_topk", "extra_topk_length",
+              "extra_page", "seqlens")
+
+
+def test_oracle_probe_outcomes(gpu_detection):
+    """Outcome classes (and the OK line) of a spread of the recorded limit probes."""
+    probes = _oracle("flashmla_h200_probes.jsonl")
+    wanted = [p for p in probes if p["b"] <= 4700 and p.get("note") is None]
+    wanted += [p for p in probes if p["b"] in (11622, 11623) and p["kind"] == "sparse" and p["topk"] == 128
+               and "extra_topk" not in p]
+    records = [{k: p[k] for k in PROBE_KEYS if k in p} for p in wanted]
+    res = _run(records)
+    mismatches = []
+    for p, e in zip(wanted, res["calls"]):
+        k = e["kernel"]
+        if k["oracle_outcome"] != p["outcome"]:
+            mismatches.append((p["b"], p.get("h_q"), p.get("topk"), p["outcome"], k["outcome"], k["message"]))
+        elif p["outcome"] == "process_exit":
+            assert k["cuda_error"]["site"] in p["message"], (k, p["message"])
+    assert not mismatches, mismatches
+
+
+def test_sparse_prefill_probes(gpu_detection):
+    recs = [{"kind": "prefill", "s_q": s, "h_q": 64, "d_qk": 512, "topk": 512} for s in (0, 1, 11700)]
+    res = _run(recs, max_parallel=3)
+    got = [e["kernel"]["oracle_outcome"] for e in res["calls"]]
+    assert got == ["process_crash", "ok", "ok"]   # oracle: s_q=0 SIGSEGV, 1 and 11700 run
+
+
+def test_slot_index_out_of_bounds_on_the_device(gpu_detection):
+    from validator.kernel.slots import probe_slot_index
+
+    bad = probe_slot_index(33, 4, 96, "cuda", timeout=TIMEOUT_S)
+    assert bad["available"] and bad["outcome"] in ("device_assert", "illegal_memory_access", "python_exception",
+                                                   "process_crash", "process_exit")
+    assert bad["cpu"]["message"] == "index 96 is out of bounds for dimension 0 with size 33"
+    good = probe_slot_index(33, 4, 32, "cuda", timeout=TIMEOUT_S, with_cpu=False)
+    assert good["outcome"] == "ok"

@@ -1,0 +1,387 @@
+"""Run every call of a report on the real kernels and compare with the model, call by call.
+
+For each call: one child process (timeout), the kernel's outcome classified like the oracle, the
+``tile_scheduler_metadata`` (columns the generation writes) and ``num_splits`` diffed against the
+model's schedule, and the model's verdict set against the kernel's. Agreement is tallied per rule
+code. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..calls import DecodeCall, SparsePrefillCall
+from ..errors import InputError
+from ..knowledge import GPU
+from ..plan import Plan, plan as make_plan
+from .outcome import RunResult
+from .providers import Detection, Provider, detect
+from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
+
+LEGAL_KEY = "(no error)"
+# Rule failure classes (the text before ":" in rules/catalog.json) under which a kernel that happens
+# to run is not a contradiction: the input is undefined behaviour, not a guaranteed crash.
+UNDEFINED_BEHAVIOUR = "undefined_behaviour"
+
+
+# ----------------------------------------------------------------------------- records for the child
+
+def call_record(call) -> dict:
+    """The call in the oracle record format, with every field the kernel inputs depend on."""
+    rec = call.to_record()
+    rec.pop("label", None)
+    if isinstance(call, SparsePrefillCall):
+        rec.update({"h_kv": call.h_kv, "d_v": call.d_v})
+        if call.s_kv is not None:
+            rec["s_kv"] = call.s_kv
+    else:
+        if call.kind == "dense":
+            rec["d_qk"] = call.d_qk
+        for key, default in (("d_v", 512), ("h_k", 1), ("bytes_per_token", None)):
+            v = getattr(call, key)
+            if v != default:
+                rec[key] = v
+        if call.causal:
+            rec["causal"] = True
+        if call.is_fp8 != (call.kind == "sparse"):
+            rec["is_fp8"] = call.is_fp8
+    if call.label:
+        rec["label"] = call.label
+    return rec
+
+
+def job_for(call, provider: Provider) -> dict:
+    op = "prefill" if isinstance(call, SparsePrefillCall) else "decode"
+    return {"op": op, "provider": provider.to_job(), "record": call_record(call)}
+
+
+# ----------------------------------------------------------------------------- metadata diff
+
+@dataclass(frozen=True)
+class MetadataDiff:
+    """Model versus kernel ``tile_scheduler_metadata`` (first ``columns`` columns) and ``num_splits``."""
+
+    columns: int
+    model_parts: int
+    kernel_parts: int
+    rows_differing: int
+    first_row: int | None = None
+    model_row: tuple | None = None
+    kernel_row: tuple | None = None
+    model_splits_len: int = 0
+    kernel_splits_len: int = 0
+    splits_differing: int = 0
+    first_split: int | None = None
+    model_split: int | None = None
+    kernel_split: int | None = None
+
+    @property
+    def identical(self) -> bool:
+        return (self.model_parts == self.kernel_parts and self.rows_differing == 0
+                and self.model_splits_len == self.kernel_splits_len and self.splits_differing == 0)
+
+    def describe(self) -> str:
+        if self.identical:
+            return (f"identical: {self.model_parts} partitions x {self.columns} columns, "
+                    f"{self.model_splits_len} num_splits")
+        parts = []
+        if self.model_parts != self.kernel_parts:
+            parts.append(f"num_sm_parts expected {self.model_parts}, got {self.kernel_parts}")
+        if self.rows_differing:
+            parts.append(f"{self.rows_differing} metadata row(s) differ; row {self.first_row} expected "
+                         f"{list(self.model_row)}, got {list(self.kernel_row)}")
+        if self.model_splits_len != self.kernel_splits_len:
+            parts.append(f"num_splits length expected {self.model_splits_len}, got {self.kernel_splits_len}")
+        if self.splits_differing:
+            parts.append(f"{self.splits_differing} num_splits value(s) differ; index {self.first_split} "
+                         f"expected {self.model_split}, got {self.kernel_split}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        d = {"identical": self.identical, "columns": self.columns, "model_parts": self.model_parts,
+             "kernel_parts": self.kernel_parts, "rows_differing": self.rows_differing,
+             "splits_differing": self.splits_differing, "summary": self.describe()}
+        if self.first_row is not None:
+            d.update(first_row=self.first_row, model_row=list(self.model_row), kernel_row=list(self.kernel_row))
+        if self.first_split is not None:
+            d.update(first_split=self.first_split, model_split=self.model_split, kernel_split=self.kernel_split)
+        return d
+
+
+def diff_metadata(model_md: Any, model_ns: Any, kernel_md: Any, kernel_ns: Any, columns: int = 7) -> MetadataDiff:
+    """Compare the first ``columns`` columns of two ``[P, 8]`` tables and two ``num_splits`` arrays."""
+    mm = np.asarray(model_md, dtype=np.int64).reshape(-1, 8)[:, :columns]
+    km = np.asarray(kernel_md, dtype=np.int64).reshape(-1, 8)[:, :columns]
+    mn = np.asarray(model_ns, dtype=np.int64).ravel()
+    kn = np.asarray(kernel_ns, dtype=np.int64).ravel()
+    rows = min(len(mm), len(km))
+    bad_rows = np.flatnonzero((mm[:rows] != km[:rows]).any(axis=1))
+    n = min(len(mn), len(kn))
+    bad_splits = np.flatnonzero(mn[:n] != kn[:n])
+    first_row = int(bad_rows[0]) if len(bad_rows) else None
+    first_split = int(bad_splits[0]) if len(bad_splits) else None
+    return MetadataDiff(
+        columns=columns, model_parts=len(mm), kernel_parts=len(km), rows_differing=len(bad_rows),
+        first_row=first_row,
+        model_row=tuple(int(v) for v in mm[first_row]) if first_row is not None else None,
+        kernel_row=tuple(int(v) for v in km[first_row]) if first_row is not None else None,
+        model_splits_len=len(mn), kernel_splits_len=len(kn), splits_differing=len(bad_splits),
+        first_split=first_split,
+        model_split=int(mn[first_split]) if first_split is not None else None,
+        kernel_split=int(kn[first_split]) if first_split is not None else None,
+    )
+
+
+# ----------------------------------------------------------------------------- verdicts and agreement
+
+@dataclass(frozen=True)
+class ModelView:
+    """The model's view of one call: verdict, error codes, the failure it predicts."""
+
+    verdict: str                  # "legal" | "illegal"
+    codes: tuple = ()             # error codes, in rule order
+    warnings: tuple = ()          # warning/info codes
+    expected_failure: str = ""    # failure class of the first error ("process_exit", ...)
+    undefined_only: bool = False  # every error is undefined behaviour (may or may not crash)
+
+
+def failure_class(failure: str) -> str:
+    """The class name at the start of a rule's ``failure`` text (``"process_exit: ..."`` -> ``process_exit``)."""
+    head = failure.split(":", 1)[0].strip()
+    return head.split()[0] if head else ""
+
+
+def model_view(p: Plan) -> ModelView:
+    from ..api import check_plan
+
+    findings = check_plan(p)
+    errors = [f for f in findings if f.is_error]
+    classes = [failure_class(f.failure) for f in errors]
+    return ModelView(
+        verdict="illegal" if errors else "legal",
+        codes=tuple(dict.fromkeys(f.code for f in errors)),
+        warnings=tuple(dict.fromkeys(f.code for f in findings if not f.is_error)),
+        expected_failure=classes[0] if classes else "",
+        undefined_only=bool(errors) and all(c == UNDEFINED_BEHAVIOUR for c in classes),
+    )
+
+
+def failure_matches(expected: str, run: RunResult) -> bool | None:
+    """Does the observed failure have the class the model predicts? None when not applicable."""
+    if not expected or not run.failed:
+        return None
+    if expected == UNDEFINED_BEHAVIOUR:
+        return True
+    if expected == "illegal_memory_access":
+        return run.outcome == "illegal_memory_access"
+    if expected == "process_exit":
+        return run.outcome in ("process_exit", "illegal_memory_access") and run.exit_code not in (None, 0)
+    return run.outcome == expected or run.oracle_outcome == expected
+
+
+def agreement(model: ModelView, run: RunResult) -> str:
+    """``agree`` | ``agree_ub`` (undefined behaviour that did not crash this time) | ``disagree`` | ``inconclusive``."""
+    if not run.is_conclusive:
+        return "inconclusive"
+    if model.verdict == "legal":
+        return "agree" if run.is_ok else "disagree"
+    if run.failed:
+        return "agree"
+    return "agree_ub" if model.undefined_only else "disagree"
+
+
+# ----------------------------------------------------------------------------- the check
+
+def _gpu_from_device(device: dict, fallback: GPU) -> GPU:
+    cc = device.get("cc") or list(fallback.cc)
+    return GPU(device.get("name") or fallback.name, int(device.get("num_sms") or fallback.num_sms),
+               (int(cc[0]), int(cc[1])), int(device.get("smem_optin") or fallback.smem_optin),
+               "measured by the kernel-mode child", device.get("memory_bytes") or fallback.memory_bytes)
+
+
+def _same_gpu(a: GPU, b: GPU) -> bool:
+    return (a.num_sms, tuple(a.cc), a.smem_optin) == (b.num_sms, tuple(b.cc), b.smem_optin)
+
+
+def replan(p: Plan, gpu: GPU, generation: str | None) -> Plan:
+    """The same call planned for the device and generation that actually ran it."""
+    gen = generation or p.gen.get("name")
+    try:
+        return make_plan(p.call, gpu, gen)
+    except InputError:
+        return make_plan(p.call, gpu, p.gen.get("name"))
+
+
+def compare_call(index: int, p: Plan, run: RunResult) -> dict:
+    """One call's line of the result: model, kernel, metadata diff, agreement."""
+    mv = model_view(p)
+    entry: dict[str, Any] = {
+        "index": index,
+        "call": p.call.label or p.call.summary(),
+        "model": {"verdict": mv.verdict, "codes": list(mv.codes), "warnings": list(mv.warnings),
+                  "expected_failure": mv.expected_failure or None, "num_sm_parts": p.num_sm_parts},
+        "kernel": run.to_dict(),
+        "kernel_verdict": run.verdict,
+        "agreement": agreement(mv, run),
+        "failure_class_match": failure_matches(mv.expected_failure, run),
+        "metadata": None,
+    }
+    got = run.payload if run.payload.get("tile_scheduler_metadata") is not None else run.partial
+    if isinstance(p.call, DecodeCall) and got.get("tile_scheduler_metadata") is not None:
+        md = p.metadata_in_layout() if hasattr(p, "metadata_in_layout") else (p.schedule.metadata if p.schedule else None)
+        if md is None:
+            entry["metadata"] = {"identical": False, "summary": "the kernel wrote metadata but the model says "
+                                 "its scheduler never runs"}
+        else:
+            cols = len(p.gen.get("row_layout") or range(7))
+            d = diff_metadata(md, p.schedule.num_splits, got["tile_scheduler_metadata"], got.get("num_splits", []), cols)
+            entry["metadata"] = d.to_dict()
+    return entry
+
+
+def summarize(entries: Sequence[dict]) -> dict:
+    outcomes: dict[str, int] = {}
+    agree: dict[str, int] = {"agree": 0, "agree_ub": 0, "disagree": 0, "inconclusive": 0}
+    per_rule: dict[str, dict] = {}
+    md = {"compared": 0, "identical": 0, "differing": 0}
+    for e in entries:
+        oc = e["kernel"]["outcome"]
+        outcomes[oc] = outcomes.get(oc, 0) + 1
+        agree[e["agreement"]] += 1
+        codes = e["model"]["codes"] or [LEGAL_KEY]
+        for code in codes:
+            r = per_rule.setdefault(code, {"calls": 0, "kernel_ok": 0, "kernel_failed": 0, "inconclusive": 0,
+                                           "agree": 0, "agree_ub": 0, "disagree": 0, "failure_class_match": 0})
+            r["calls"] += 1
+            kv = e["kernel_verdict"]
+            r["kernel_ok" if kv == "legal" else "kernel_failed" if kv == "illegal" else "inconclusive"] += 1
+            if e["agreement"] in ("agree", "agree_ub", "disagree"):
+                r[e["agreement"]] += 1
+            if e["failure_class_match"]:
+                r["failure_class_match"] += 1
+        m = e.get("metadata")
+        if m is not None:
+            md["compared"] += 1
+            md["identical" if m.get("identical") else "differing"] += 1
+    return {"calls": len(entries), "outcomes": outcomes, "agreement": agree, "per_rule": per_rule, "metadata": md,
+            "all_agree": agree["disagree"] == 0 and md["differing"] == 0}
+
+
+def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT_TIMEOUT_S,
+              child: ChildSpec | None = None, max_parallel: int = 1, console=None) -> dict:
+    """Run the plans' calls with a detected provider and build the full result."""
+    provider = det.provider
+    base_gpu = plans[0].gpu if plans else None
+    gpu = _gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
+    replanned = [replan(p, gpu, provider.generation) for p in plans]
+    jobs = [job_for(p.call, provider) for p in replanned]
+    lock = threading.Lock()
+    done = [0]
+
+    def progress(i: int, r: RunResult) -> None:
+        if console is None:
+            return
+        with lock:
+            done[0] += 1
+            msg = f": {r.message}" if r.message and not r.is_ok else ""
+            console.print(f"kernel [{done[0]}/{len(jobs)}] call {i} ({replanned[i].call.summary()}): "
+                          f"{r.outcome} in {r.elapsed_s:.1f} s{msg}", markup=False, highlight=False)
+
+    results = run_jobs(jobs, timeout, child, max_parallel, progress)
+    entries = [compare_call(i, p, r) for i, (p, r) in enumerate(zip(replanned, results))]
+    summary = summarize(entries)
+    return {
+        "available": True,
+        "provider": provider.to_dict(),
+        "device": det.device,
+        "torch": det.torch,
+        "model_generation": replanned[0].gen.get("name") if replanned else None,
+        "model_gpu": base_gpu.to_dict() if base_gpu else None,
+        "gpu_replanned": bool(base_gpu is not None and gpu is not None and not _same_gpu(base_gpu, gpu)),
+        "timeout_s": timeout,
+        "calls": entries,
+        "summary": summary,
+        "agreement": summary["all_agree"],
+    }
+
+
+def kernel_check_report(report, console=None, *, provider: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
+                        max_parallel: int = 1, child: ChildSpec | None = None) -> dict:
+    """Run each call of ``report`` on the real kernels; a JSON-able result (never a traceback).
+
+    Without torch, a CUDA GPU or FlashMLA the result is ``{"available": false, "reason": ...}``.
+    """
+    plans = [p for p in getattr(report, "plans", []) if isinstance(p.call, (DecodeCall, SparsePrefillCall))]
+    if not plans:
+        return {"available": False, "reason": "the report has no FlashMLA calls to run"}
+    if console is not None:
+        console.print("kernel mode: detecting torch, GPU and FlashMLA in a child process ...", markup=False,
+                      highlight=False)
+    det = detect(provider, child, timeout)
+    if not det.available:
+        return {"available": False, "reason": det.reason, "detection": det.to_dict()}
+    if console is not None:
+        p = det.provider
+        console.print(f"kernel mode: {p.module} ({p.api} API) on {det.device.get('name')} "
+                      f"sm{''.join(map(str, det.device.get('cc', [])))}, {det.device.get('num_sms')} SMs; "
+                      f"{len(plans)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
+    return run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+AGREE_STYLE = {"agree": "green", "agree_ub": "yellow", "disagree": "bold red", "inconclusive": "yellow"}
+
+
+def render_kernel_result(result: dict, console) -> None:
+    """Human output of :func:`kernel_check_report` (rich)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    if not result.get("available"):
+        console.print(f"[bold yellow]kernel mode unavailable[/]: {escape(str(result.get('reason', '')))}", markup=True)
+        return
+    prov, dev = result["provider"], result.get("device") or {}
+    console.print(f"[bold]kernel mode[/]: {escape(prov['module'])} ({prov['api']} API, model generation "
+                  f"{result.get('model_generation')}) on {escape(str(dev.get('name')))}, "
+                  f"{dev.get('num_sms')} SMs, smem opt-in {dev.get('smem_optin')} B", markup=True)
+    if result.get("gpu_replanned"):
+        console.print("  the calls were re-planned for the measured device (it differs from the requested GPU profile)")
+    t = Table("#", "call", "model", "kernel", "metadata (model vs kernel)", "agreement")
+    for e in result["calls"]:
+        m = e["model"]
+        model_txt = "legal" if m["verdict"] == "legal" else f"illegal {','.join(m['codes'])}"
+        k = e["kernel"]
+        kern_txt = k["outcome"] + (f" ({k['signal']})" if k.get("signal") else "")
+        md = e.get("metadata")
+        md_txt = "-" if md is None else ("identical" if md.get("identical") else "DIFFERS")
+        st = AGREE_STYLE.get(e["agreement"], "")
+        t.add_row(str(e["index"]), escape(e["call"]), model_txt, kern_txt, md_txt, f"[{st}]{e['agreement']}[/]")
+    console.print(t)
+    for e in result["calls"]:
+        k = e["kernel"]
+        if k["outcome"] != "ok" and k.get("message"):
+            console.print(f"  call {e['index']}: {k['outcome']}: {escape(k['message'])}", markup=True)
+        md = e.get("metadata")
+        if md is not None and not md.get("identical"):
+            console.print(f"  call {e['index']}: metadata {escape(md.get('summary', ''))}", markup=True)
+        if e["agreement"] == "agree_ub":
+            console.print(f"  call {e['index']}: the model flags undefined behaviour "
+                          f"({','.join(e['model']['codes'])}); the kernel happened to run this time")
+    s = result["summary"]
+    rt = Table("model says", "calls", "kernel ran", "kernel failed", "agree", "disagree", "failure class as predicted")
+    for code in sorted(s["per_rule"]):
+        r = s["per_rule"][code]
+        rt.add_row(code, str(r["calls"]), str(r["kernel_ok"]), str(r["kernel_failed"]),
+                   str(r["agree"] + r["agree_ub"]), str(r["disagree"]),
+                   str(r["failure_class_match"]) if code != LEGAL_KEY else "-")
+    console.print(rt)
+    mdsum = s["metadata"]
+    verdict = "[bold green]AGREE[/]" if s["all_agree"] else "[bold red]DISAGREE[/]"
+    console.print(f"kernel vs model: {verdict} - {s['agreement']['agree'] + s['agreement']['agree_ub']} of "
+                  f"{s['calls']} call(s) agree, {s['agreement']['disagree']} disagree, "
+                  f"{s['agreement']['inconclusive']} inconclusive; metadata identical for "
+                  f"{mdsum['identical']} of {mdsum['compared']} compared", markup=True)

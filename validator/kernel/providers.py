@@ -1,0 +1,269 @@
+"""Which FlashMLA build can run the kernels, and which of its two Python APIs it exposes.
+
+Providers, in order of preference:
+
+* ``flash_mla`` - upstream deepseek-ai/FlashMLA built from source;
+* ``sgl_kernel`` - the copy vendored in SGLang's kernel wheel (module ``sgl_kernel.flash_mla``).
+
+APIs, told apart by the *signature* of ``get_mla_metadata`` (never by a version string):
+
+* ``sched_meta`` (current upstream): ``get_mla_metadata(*args, **kwargs)`` takes nothing real and
+  returns an empty ``FlashMLASchedMeta``; the first ``flash_mla_with_kvcache`` call fills it.
+* ``tensors`` (upstream Oct 2025 and older copies): ``get_mla_metadata(cache_seqlens,
+  num_q_tokens_per_head_k, num_heads_k, num_heads_q=None, is_fp8_kvcache=False, topk=None)``
+  returns ``(tile_scheduler_metadata, num_splits)``. Without a ``topk`` parameter the copy is
+  dense-only.
+
+Detection happens in two steps. :func:`find_providers` looks at the installed files without
+importing them (so torch is not imported here): ``importlib.util.find_spec`` on the top-level
+package and an AST read of its Python source. :func:`detect` then asks a child process, which
+imports torch and the provider, checks the GPU, and repeats the API check on the live functions.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .runner import ChildSpec, run_job
+
+PROVIDER_NAMES = ("flash_mla", "sgl_kernel")
+PROVIDER_MODULES = {"flash_mla": "flash_mla", "sgl_kernel": "sgl_kernel.flash_mla"}
+# Source files (relative to the package folder) that may define get_mla_metadata.
+PROVIDER_SOURCES = {"flash_mla": ("flash_mla_interface.py", "__init__.py"), "sgl_kernel": ("flash_mla.py",)}
+# Keyword arguments of flash_mla_with_kvcache that a call may need, by feature.
+FEATURE_PARAMS = {
+    "indices": "indices",
+    "topk_length": "topk_length",
+    "extra_k_cache": "extra_k_cache",
+    "extra_indices": "extra_indices_in_kvcache",
+    "extra_topk_length": "extra_topk_length",
+    "is_fp8_kvcache": "is_fp8_kvcache",
+}
+# The model generation whose scheduler each API belongs to (rules/flashmla.json).
+API_GENERATION = {"sched_meta": "flashmla-9241ae3", "tensors": "flashmla-1408756"}
+
+INSTALL_HINT = ("build FlashMLA for your GPU from https://github.com/deepseek-ai/FlashMLA (on Hopper: "
+                "FLASH_MLA_DISABLE_SM100=1 pip install --no-build-isolation .) or install sgl-kernel")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a Python function: its name and ``inspect.Parameter`` kind name."""
+
+    name: str
+    kind: str = "POSITIONAL_OR_KEYWORD"
+    has_default: bool = False
+
+
+@dataclass(frozen=True)
+class ApiShape:
+    """What a provider's Python interface looks like."""
+
+    api: str | None                  # "sched_meta", "tensors" or None (not recognised)
+    features: frozenset = frozenset()
+    reason: str = ""
+
+    @property
+    def supports_sparse(self) -> bool:
+        return "indices" in self.features
+
+    def missing_features(self, needed: Iterable[str]) -> list[str]:
+        return [f for f in needed if f not in self.features]
+
+
+def classify_api(metadata_params: Sequence[Param] | None, has_sched_meta_class: bool,
+                 kvcache_params: Sequence[Param] | None) -> ApiShape:
+    """Tell the API from the parameters of ``get_mla_metadata`` and ``flash_mla_with_kvcache``."""
+    if metadata_params is None:
+        return ApiShape(None, reason="no get_mla_metadata function")
+    if kvcache_params is None:
+        return ApiShape(None, reason="no flash_mla_with_kvcache function")
+    names = [p.name for p in metadata_params]
+    required = [p for p in metadata_params
+                if p.kind in ("POSITIONAL_ONLY", "POSITIONAL_OR_KEYWORD") and not p.has_default]
+    var_positional = any(p.kind == "VAR_POSITIONAL" for p in metadata_params)
+    kv_names = {p.name for p in kvcache_params}
+    features = frozenset(f for f, pname in FEATURE_PARAMS.items() if pname in kv_names)
+    if has_sched_meta_class and not required:
+        why = "get_mla_metadata takes no required arguments" + (" (*args)" if var_positional else "")
+        return ApiShape("sched_meta", features, why + " and FlashMLASchedMeta exists")
+    if required and required[0].name == "cache_seqlens":
+        feats = features if "topk" in names else features - {"indices"}
+        why = f"get_mla_metadata({', '.join(names)}) returns the metadata tensors"
+        if "topk" not in names:
+            why += "; no topk parameter, so dense only"
+        return ApiShape("tensors", feats, why)
+    return ApiShape(None, features, f"unrecognised get_mla_metadata({', '.join(names)})")
+
+
+# ----------------------------------------------------------------------------- static (no import)
+
+def _params_from_ast(fn: ast.FunctionDef) -> list[Param]:
+    a = fn.args
+    pos = list(a.posonlyargs) + list(a.args)
+    n_default = len(a.defaults)
+    out = []
+    for i, arg in enumerate(pos):
+        kind = "POSITIONAL_ONLY" if i < len(a.posonlyargs) else "POSITIONAL_OR_KEYWORD"
+        out.append(Param(arg.arg, kind, i >= len(pos) - n_default))
+    if a.vararg is not None:
+        out.append(Param(a.vararg.arg, "VAR_POSITIONAL", True))
+    for arg, default in zip(a.kwonlyargs, a.kw_defaults):
+        out.append(Param(arg.arg, "KEYWORD_ONLY", default is not None))
+    if a.kwarg is not None:
+        out.append(Param(a.kwarg.arg, "VAR_KEYWORD", True))
+    return out
+
+
+def api_from_source(sources: Sequence[str]) -> ApiShape:
+    """Classify the API from Python source text (the first file that defines the functions wins)."""
+    meta = kv = None
+    has_class = False
+    for text in sources:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                if node.name == "get_mla_metadata" and meta is None:
+                    meta = _params_from_ast(node)
+                elif node.name == "flash_mla_with_kvcache" and kv is None:
+                    kv = _params_from_ast(node)
+            elif isinstance(node, ast.ClassDef) and node.name == "FlashMLASchedMeta":
+                has_class = True
+            elif isinstance(node, ast.ImportFrom) and any(n.name == "FlashMLASchedMeta" for n in node.names):
+                has_class = True
+    return classify_api(meta, has_class, kv)
+
+
+@dataclass(frozen=True)
+class Provider:
+    """An installed FlashMLA build: ``name`` (flash_mla | sgl_kernel), the module to import, its API."""
+
+    name: str
+    module: str
+    api: str | None
+    origin: str = ""
+    features: frozenset = frozenset()
+    reason: str = ""
+
+    @property
+    def generation(self) -> str | None:
+        return API_GENERATION.get(self.api or "")
+
+    def to_job(self) -> dict:
+        return {"name": self.name, "module": self.module, "api": self.api}
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "module": self.module, "api": self.api, "origin": self.origin,
+                "features": sorted(self.features), "generation": self.generation, "reason": self.reason}
+
+
+def _package_dir(top: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(top)   # top-level only: imports nothing
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    locs = list(spec.submodule_search_locations or [])
+    if locs:
+        return Path(locs[0])
+    return Path(spec.origin).parent if spec.origin else None
+
+
+def find_providers(names: Sequence[str] = PROVIDER_NAMES) -> list[Provider]:
+    """Installed providers, in preference order, with their API read from source (nothing imported)."""
+    found = []
+    for name in names:
+        pkg = _package_dir(name)
+        if pkg is None:
+            continue
+        texts, origin = [], ""
+        for rel in PROVIDER_SOURCES[name]:
+            f = pkg / rel
+            if f.is_file():
+                texts.append(f.read_text(encoding="utf-8", errors="replace"))
+                origin = origin or str(f)
+        shape = api_from_source(texts) if texts else ApiShape(None, reason=f"no {PROVIDER_SOURCES[name][0]} in {pkg}")
+        found.append(Provider(name, PROVIDER_MODULES[name], shape.api, origin or str(pkg), shape.features,
+                              shape.reason))
+    return found
+
+
+# ----------------------------------------------------------------------------- runtime (child)
+
+@dataclass(frozen=True)
+class Detection:
+    """The answer to "can kernel mode run here?" with the device facts when it can."""
+
+    available: bool
+    reason: str = ""
+    provider: Provider | None = None
+    device: dict = field(default_factory=dict)     # name, cc, num_sms, smem_optin, memory_bytes
+    torch: str = ""
+    candidates: tuple = ()
+
+    def to_dict(self) -> dict:
+        d = {"available": self.available, "reason": self.reason,
+             "provider": self.provider.to_dict() if self.provider else None,
+             "device": self.device or None, "torch": self.torch or None,
+             "candidates": [c.to_dict() for c in self.candidates]}
+        return d
+
+
+def torch_installed() -> bool:
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def detect(provider: str = "auto", child: ChildSpec | None = None, timeout: float = 120.0) -> Detection:
+    """Find a provider and a GPU, importing torch only in a child process.
+
+    ``provider``: ``auto`` (first that works), ``flash_mla`` or ``sgl_kernel``. A custom child
+    backend (tests) skips the static checks, which only concern the torch backend.
+    """
+    if provider not in ("auto", *PROVIDER_NAMES):
+        return Detection(False, f"unknown provider {provider!r}; expected auto, flash_mla or sgl_kernel")
+    child = child or ChildSpec()
+    wanted = PROVIDER_NAMES if provider == "auto" else (provider,)
+    static = ()
+    if child.backend is None and child.python == ChildSpec().python:
+        if not torch_installed():
+            return Detection(False, "torch is not installed in this Python: kernel mode runs FlashMLA through "
+                                    "PyTorch with CUDA; install torch, then " + INSTALL_HINT)
+        static = tuple(find_providers(wanted))
+        if not static:
+            names = " or ".join(f"'{PROVIDER_MODULES[n]}'" for n in wanted)
+            return Detection(False, f"no FlashMLA provider is installed (cannot find {names}): " + INSTALL_HINT)
+    res = run_job({"op": "detect", "providers": list(wanted)}, timeout, child)
+    if not res.is_ok:
+        why = res.message or res.outcome
+        return Detection(False, f"the detection child failed ({res.outcome}): {why}", candidates=static)
+    p = res.payload
+    cands = []
+    for c in p.get("providers", []):
+        cands.append(Provider(c.get("name", ""), c.get("module", ""), c.get("api"), c.get("origin", ""),
+                              frozenset(c.get("features", [])), c.get("reason", "")))
+    usable = [c for c in cands if c.api is not None and not c.reason.startswith("import failed")]
+    device = p.get("device") or {}
+    torch_v = p.get("torch", "")
+    if not p.get("cuda_available"):
+        return Detection(False, p.get("cuda_reason") or f"torch {torch_v} sees no CUDA GPU", device=device,
+                         torch=torch_v, candidates=tuple(cands))
+    if not usable:
+        reasons = "; ".join(f"{c.module}: {c.reason}" for c in cands) or "none found"
+        return Detection(False, f"no usable FlashMLA provider ({reasons}): " + INSTALL_HINT, device=device,
+                         torch=torch_v, candidates=tuple(cands))
+    cc = tuple(device.get("cc") or (0, 0))
+    if cc[0] not in (9, 10):
+        return Detection(False, f"FlashMLA's decode kernels need an SM90 or SM100 GPU; {device.get('name')} is "
+                                f"sm{cc[0]}{cc[1]}", provider=usable[0], device=device, torch=torch_v,
+                         candidates=tuple(cands))
+    return Detection(True, "", usable[0], device, torch_v, tuple(cands))

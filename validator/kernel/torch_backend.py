@@ -1,0 +1,292 @@
+"""The real backend of the child process: builds minimal valid inputs with torch and calls FlashMLA.
+
+Imported only inside the worker child. Jobs (``op``):
+
+* ``detect`` - torch version, the CUDA device's facts, and each provider's API read from the live
+  functions' signatures;
+* ``decode`` - one ``flash_mla_with_kvcache`` call described by an oracle-format record; returns
+  ``tile_scheduler_metadata`` and ``num_splits`` as the kernel wrote them;
+* ``prefill`` - one ``flash_mla_sparse_fwd`` call;
+* ``slot`` - index-write into a slot-indexed buffer (see :mod:`validator.kernel.slots`).
+
+Inputs are zeros (no NaN, nothing random); index tensors point inside a small KV cache, so any
+failure comes from the shapes and lengths under test, not from the data.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import time
+
+from .outcome import Unavailable, Unsupported
+
+SPARSE_BYTES_PER_TOKEN = {576: 656, 512: 584}   # V3.2 layout, MODEL1 layout
+KV_CACHE_BLOCKS = 2
+PREFILL_DEFAULT_S_KV = 8192
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError as e:
+        raise Unavailable(f"torch is not importable in the child: {e}") from None
+    return torch
+
+
+def _require_cuda(torch):
+    if not torch.cuda.is_available():
+        raise Unavailable(f"torch {torch.__version__} sees no CUDA GPU")
+
+
+def device_facts(torch) -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {
+        "name": props.name,
+        "cc": [props.major, props.minor],
+        "num_sms": props.multi_processor_count,
+        "smem_optin": getattr(props, "shared_memory_per_block_optin", None),
+        "memory_bytes": getattr(props, "total_memory", None),
+    }
+
+
+def _params(fn):
+    from .providers import Param
+
+    if fn is None:
+        return None
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    return [Param(p.name, p.kind.name, p.default is not inspect.Parameter.empty or
+                  p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)) for p in sig.parameters.values()]
+
+
+def inspect_provider(name: str, module_name: str) -> dict:
+    """Import a provider module and classify its API from the live functions."""
+    from .providers import classify_api
+
+    try:
+        mod = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
+        return {"name": name, "module": module_name, "api": None, "features": [],
+                "reason": f"import failed: {type(e).__name__}: {e}"}
+    shape = classify_api(_params(getattr(mod, "get_mla_metadata", None)), hasattr(mod, "FlashMLASchedMeta"),
+                         _params(getattr(mod, "flash_mla_with_kvcache", None)))
+    return {"name": name, "module": module_name, "api": shape.api, "features": sorted(shape.features),
+            "reason": shape.reason, "origin": getattr(mod, "__file__", "") or "",
+            "has_sparse_prefill": hasattr(mod, "flash_mla_sparse_fwd")}
+
+
+def op_detect(job, stage, partial) -> dict:
+    from .providers import PROVIDER_MODULES
+
+    stage("import-torch")
+    torch = _torch()
+    out = {"torch": torch.__version__, "torch_cuda": getattr(torch.version, "cuda", None)}
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    if out["cuda_available"]:
+        out["device"] = device_facts(torch)
+    else:
+        out["cuda_reason"] = f"torch {torch.__version__} (CUDA {out['torch_cuda']}) sees no CUDA GPU"
+    stage("import-providers")
+    out["providers"] = [inspect_provider(n, PROVIDER_MODULES[n]) for n in job.get("providers", list(PROVIDER_MODULES))]
+    return out
+
+
+def _device(torch, job):
+    """``cuda:0`` unless the job asks for the CPU (used to test the input building without a GPU)."""
+    if job.get("device") == "cpu":
+        return torch.device("cpu")
+    _require_cuda(torch)
+    return torch.device("cuda", 0)
+
+
+def _sync(torch, dev) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _load_provider(job):
+    p = job.get("provider") or {}
+    module = p.get("module")
+    if not module:
+        raise Unavailable("the job names no provider module")
+    info = inspect_provider(p.get("name", module), module)
+    if info["api"] is None:
+        raise Unavailable(f"{module}: {info['reason']}")
+    return importlib.import_module(module), info
+
+
+def _kwargs_for(fn, wanted: dict) -> dict:
+    """The subset of ``wanted`` keyword arguments that ``fn`` accepts (None values are dropped)."""
+    names = set(inspect.signature(fn).parameters)
+    missing = [k for k, v in wanted.items() if v is not None and k not in names]
+    if missing:
+        raise Unsupported(f"{fn.__module__}.{fn.__name__} takes no {', '.join(missing)}")
+    return {k: v for k, v in wanted.items() if v is not None}
+
+
+def _indices(torch, rows: int, s_q: int, width: int, num_tokens: int, dev):
+    """int32 ``[rows, s_q, width]``: entry k is ``k % num_tokens`` (always a valid token)."""
+    row = (torch.arange(width, dtype=torch.int32, device=dev) % num_tokens)
+    return row.view(1, 1, width).expand(rows, s_q, width).contiguous()
+
+
+def build_sparse_inputs(torch, call, dev) -> dict:
+    """Minimal valid tensors for a sparse decode call (fp8 KV cache in the layout of ``d_qk``)."""
+    bpt = call.bytes_per_token or SPARSE_BYTES_PER_TOKEN.get(call.d_qk, SPARSE_BYTES_PER_TOKEN[512])
+    q = torch.zeros(call.b, call.s_q, call.h_q, call.d_qk, dtype=torch.bfloat16, device=dev)
+    kv = torch.zeros(KV_CACHE_BLOCKS, call.page, call.h_k, bpt, dtype=torch.uint8, device=dev)
+    kv = kv.view(torch.float8_e4m3fn)
+    ins = {"q": q, "k_cache": kv,
+           "indices": _indices(torch, call.b, call.s_q, call.topk, KV_CACHE_BLOCKS * call.page, dev)}
+    if call.topk_length is not None:
+        ins["topk_length"] = torch.tensor(call.topk_length.tolist(), dtype=torch.int32, device=dev)
+    if call.extra_topk is not None:
+        epage = call.extra_page or call.page
+        ekv = torch.zeros(KV_CACHE_BLOCKS, epage, call.h_k, bpt, dtype=torch.uint8, device=dev)
+        ins["extra_k_cache"] = ekv.view(torch.float8_e4m3fn)
+        ins["extra_indices_in_kvcache"] = _indices(torch, call.b, call.s_q, call.extra_topk,
+                                                   KV_CACHE_BLOCKS * epage, dev)
+        if call.extra_topk_length is not None:
+            ins["extra_topk_length"] = torch.tensor(call.extra_topk_length.tolist(), dtype=torch.int32, device=dev)
+    return ins
+
+
+def build_dense_inputs(torch, call, dev) -> dict:
+    """bf16 q and paged KV cache, ``block_table`` of ``ceil(max_len / page)`` blocks per request."""
+    page = call.page
+    lens = call.seqlens.tolist()
+    blocks_per_seq = max(1, -(-max(lens, default=1) // page))
+    num_blocks = min(blocks_per_seq, 64)
+    q = torch.zeros(call.b, call.s_q, call.h_q, call.d_qk, dtype=torch.bfloat16, device=dev)
+    kc = torch.zeros(num_blocks, page, call.h_k, call.d_qk, dtype=torch.bfloat16, device=dev)
+    bt = (torch.arange(blocks_per_seq, dtype=torch.int32, device=dev) % num_blocks)
+    bt = bt.view(1, -1).expand(call.b, blocks_per_seq).contiguous()
+    sl = torch.tensor(lens, dtype=torch.int32, device=dev)
+    return {"q": q, "k_cache": kc, "block_table": bt, "cache_seqlens": sl}
+
+
+def _readback(torch, md, ns) -> dict:
+    md_list = md.cpu().tolist()
+    return {"num_sm_parts": len(md_list), "tile_scheduler_metadata": md_list, "num_splits": ns.cpu().tolist()}
+
+
+def op_decode(job, stage, partial) -> dict:
+    from ..calls import DecodeCall, call_from_record
+
+    stage("import")
+    torch = _torch()
+    dev = _device(torch, job)
+    mod, info = _load_provider(job)
+    call = call_from_record(job["record"])
+    if not isinstance(call, DecodeCall):
+        raise Unavailable("a decode job needs a sparse or dense call record")
+    api = info["api"]
+    if call.is_sparse and "indices" not in info["features"]:
+        raise Unsupported(f"{info['module']} has no sparse decode (no indices parameter)")
+    stage("inputs")
+    ins = build_sparse_inputs(torch, call, dev) if call.is_sparse else build_dense_inputs(torch, call, dev)
+    _sync(torch, dev)
+    fwd = mod.flash_mla_with_kvcache
+    extra = {"causal": call.causal, "is_fp8_kvcache": call.is_fp8 if call.is_sparse else None}
+    for key in ("indices", "topk_length", "extra_k_cache", "extra_indices_in_kvcache", "extra_topk_length"):
+        extra[key] = ins.get(key)
+    if call.is_sparse and "is_fp8_kvcache" not in info["features"]:
+        extra["is_fp8_kvcache"] = None
+    started = time.perf_counter()
+    if api == "sched_meta":
+        sched = mod.get_mla_metadata()
+        sched = sched[0] if isinstance(sched, tuple) else sched
+        stage("call")
+        fwd(ins["q"], ins["k_cache"], ins.get("block_table"), ins.get("cache_seqlens"), call.d_v, sched, None,
+            **_kwargs_for(fwd, extra))
+        stage("sync")
+        _sync(torch, dev)
+        stage("readback")
+        out = _readback(torch, sched.tile_scheduler_metadata, sched.num_splits)
+    else:
+        if call.is_sparse:
+            seqlens = torch.full((call.b,), call.topk, dtype=torch.int32, device=dev)
+            block_table = torch.zeros(call.b, 1, dtype=torch.int32, device=dev)
+            stage("metadata")
+            md, ns = mod.get_mla_metadata(seqlens, call.s_q * call.h_q // call.h_k, call.h_k, call.h_q, True,
+                                          call.topk)
+        else:
+            seqlens, block_table = ins["cache_seqlens"], ins["block_table"]
+            stage("metadata")
+            md, ns = mod.get_mla_metadata(seqlens, call.s_q * call.h_q // call.h_k, call.h_k)
+        _sync(torch, dev)
+        out = _readback(torch, md, ns)
+        partial(out)
+        stage("call")
+        fwd(ins["q"], ins["k_cache"], block_table, seqlens, call.d_v, md, ns, **_kwargs_for(fwd, extra))
+        stage("sync")
+        _sync(torch, dev)
+    out["call_s"] = round(time.perf_counter() - started, 6)
+    out["api"] = api
+    out["provider"] = info["module"]
+    out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
+    return out
+
+
+def op_prefill(job, stage, partial) -> dict:
+    from ..calls import SparsePrefillCall, call_from_record
+
+    stage("import")
+    torch = _torch()
+    dev = _device(torch, job)
+    mod, info = _load_provider(job)
+    call = call_from_record(job["record"])
+    if not isinstance(call, SparsePrefillCall):
+        raise Unavailable("a prefill job needs a prefill call record")
+    fn = getattr(mod, "flash_mla_sparse_fwd", None)
+    if fn is None:
+        raise Unsupported(f"{info['module']} has no flash_mla_sparse_fwd")
+    s_kv = call.s_kv or PREFILL_DEFAULT_S_KV
+    stage("inputs")
+    q = torch.zeros(call.s_q, call.h_q, call.d_qk, dtype=torch.bfloat16, device=dev)
+    kv = torch.zeros(s_kv, call.h_kv, call.d_qk, dtype=torch.bfloat16, device=dev)
+    idx = (torch.arange(call.topk, dtype=torch.int32, device=dev) % s_kv)
+    idx = idx.view(1, 1, -1).expand(call.s_q, call.h_kv, call.topk).contiguous()
+    _sync(torch, dev)
+    stage("call")
+    started = time.perf_counter()
+    fn(q, kv, idx, call.d_qk ** -0.5, call.d_v)
+    stage("sync")
+    _sync(torch, dev)
+    return {"message": f"OK 1 {call.s_q}", "call_s": round(time.perf_counter() - started, 6),
+            "provider": info["module"]}
+
+
+def op_slot(job, stage, partial) -> dict:
+    """Write one row of a slot-indexed bf16 buffer ``[rows, width, 128]`` at ``slot`` (engine-style)."""
+    stage("import")
+    torch = _torch()
+    device = job.get("device", "cuda")
+    if device == "cuda":
+        _require_cuda(torch)
+    rows, width, slot = int(job["rows"]), int(job["width"]), int(job["slot"])
+    stage("alloc")
+    buf = torch.zeros(rows, width, 128, dtype=torch.bfloat16, device=device)
+    index = torch.tensor([slot], dtype=torch.int64, device=device)
+    value = torch.ones(1, width, 128, dtype=torch.bfloat16, device=device)
+    stage("index-write")
+    buf[index] = value
+    if device == "cuda":
+        stage("sync")
+        torch.cuda.synchronize()
+    stage("readback")
+    wrote = bool(buf[slot].float().sum().item() == width * 128) if -rows <= slot < rows else None
+    return {"message": f"OK wrote slot {slot} of {rows} rows", "wrote": wrote}
+
+
+OPS = {"detect": op_detect, "decode": op_decode, "prefill": op_prefill, "slot": op_slot}
+
+
+def run(job: dict, stage, partial) -> dict:
+    op = job.get("op")
+    if op not in OPS:
+        raise Unavailable(f"unknown job op {op!r}; expected one of {', '.join(OPS)}")
+    return OPS[op](job, stage, partial)
