@@ -237,14 +237,18 @@ def test_uniform_scalar_form_matches_model(b, length, F):
         assert_same(schedule_fast(None, P, F, uniform=length, b=b), rows, ns, f"b={b} s={length} P={P} F={F}")
 
 
-def test_small_batch_python_path_and_numpy_path_agree_at_the_switch():
-    """The fast path may change strategy with b; results must not (b = 200..320 around any cut-off)."""
-    rng = random.Random(7)
-    for b in range(200, 321, 3):
-        s = [rng.choice([0, 1, 64, 65, 300, 4096]) for _ in range(b)]
-        for P in (1, 33, 132):
-            rows, ns = facts_schedule(s, P, 5)
-            assert_same(schedule_fast(np.asarray(s, dtype=np.int64), P, 5), rows, ns, f"b={b} P={P}")
+@pytest.mark.parametrize("P", [1, 6, 8, 33, 66, 132])
+def test_fast_path_strategy_switches_do_not_change_results(P):
+    """The fast path picks its strategy from b and P (Python or numpy prefix sums, list or
+    memoryview lookups, short or binary search); results must not depend on it. b runs through
+    every b <= 140 and around b = P and b = 16 P."""
+    rng = random.Random(P)
+    sizes = set(range(1, 141)) | {max(1, P + d) for d in (-1, 0, 1)} | {16 * P + d for d in (-1, 0, 1, 2)}
+    for b in sorted(sizes):
+        s = [rng.choice([0, 1, 64, 65, 300, 4096, 70000]) for _ in range(b)]
+        rows, ns = facts_schedule(s, P, 5)
+        assert_same(schedule_fast(np.asarray(s, dtype=np.int64), P, 5), rows, ns, f"b={b} P={P}")
+        assert_same(schedule_fast(s, P, 5), rows, ns, f"list input b={b} P={P}")
 
 
 def test_plan_schedule_matches_reference_and_facts_on_random_records(h200):
@@ -341,3 +345,18 @@ def test_schedule_summaries_on_a_split_heavy_case():
         assert sch.total_splits == 11
         assert sch.max_split_row == 10
         assert sch.last_split_request == 3
+
+
+@pytest.mark.parametrize("block", [16, 32, 128])
+def test_other_block_sizes_reference_equals_fast(block):
+    """The block size is a generation constant (64 today); both paths must honour another one."""
+    rng = random.Random(block)
+    for _ in range(100):
+        b = random_b(rng)
+        s = random_lengths_raw(rng, b)
+        P, F = rng.randint(1, 160), rng.choice([3, 5])
+        ref = schedule_reference(s, P, F, block)
+        rows, ns = rows_of(ref), ref.num_splits.tolist()
+        assert_same(schedule_fast(np.asarray(s, dtype=np.int64), P, F, block), rows, ns, f"block={block}")
+        if len(set(s)) == 1:
+            assert_same(schedule_fast(None, P, F, block, uniform=s[0], b=b), rows, ns, f"uniform block={block}")
