@@ -80,12 +80,14 @@ def test_exception_with_illegal_access_text_poisons_context():
 
 
 def test_device_side_assert_names_the_assertion():
-    res = '{"status":"python_exception","error_type":"AcceleratorError","message":"CUDA error: device-side assert triggered"}'
+    res = ('{"status":"python_exception","error_type":"AcceleratorError","message":"CUDA error: device-side assert '
+           'triggered\\nCUDA kernel errors might be asynchronously reported at some other API call"}')
     err = ("/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:111: operator(): block: [0,0,0], thread: [0,0,0] "
            "Assertion `-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.\n")
     r = classify(0, f"{RESULT_PREFIX}{res}\n", err)
     assert r.outcome == "device_assert"
-    assert "index out of bounds" in r.message
+    assert r.message.startswith("CUDA error: device-side assert triggered [Assertion `-sizes[i]")
+    assert "asynchronously" not in r.message
 
 
 def test_timeout_unavailable_unsupported_are_inconclusive():

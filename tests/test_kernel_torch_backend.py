@@ -157,6 +157,20 @@ def test_feature_missing_is_unsupported(fake_provider):
         tb.run(_job(rec, "fake_fmla_oct2", "tensors"), _noop, _noop)
 
 
+def test_live_detection_when_the_package_reexports_only_functions(tmp_path, monkeypatch):
+    """Upstream's package __init__ exports the functions; FlashMLASchedMeta stays in the interface module."""
+    from validator.kernel.torch_backend import inspect_provider
+
+    pkg = tmp_path / "fake_fmla_pkg"
+    pkg.mkdir()
+    (pkg / "interface.py").write_text(CURRENT_API, encoding="utf-8")
+    (pkg / "__init__.py").write_text("from fake_fmla_pkg.interface import get_mla_metadata, flash_mla_with_kvcache\n",
+                                     encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    info = inspect_provider("flash_mla", "fake_fmla_pkg")
+    assert info["api"] == "sched_meta", info
+
+
 def test_live_signature_detection(fake_provider):
     from validator.kernel.torch_backend import inspect_provider
 

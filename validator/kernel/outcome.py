@@ -240,11 +240,12 @@ def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: boo
         if status == "ok":
             payload = {k: v for k, v in res.items() if k != "status"}
             return RunResult("ok", str(res.get("message", "")), exit_code=returncode, payload=payload, **common)
-        msg = str(res.get("message", ""))
+        full = str(res.get("message", ""))
         if status in ("unavailable", "unsupported"):
-            return RunResult(status, msg, exit_code=returncode, **common)
+            return RunResult(status, full, exit_code=returncode, **common)
         err_type = res.get("error_type")
-        text = f"{msg}\n{stderr}"
+        text = f"{full}\n{stderr}"
+        msg = next((ln.strip() for ln in full.splitlines() if ln.strip()), "")   # torch appends hints
         if ILLEGAL_ACCESS_TEXT in text:
             outcome = "illegal_memory_access"
         elif DEVICE_ASSERT_TEXT in text:

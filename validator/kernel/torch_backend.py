@@ -71,8 +71,10 @@ def inspect_provider(name: str, module_name: str) -> dict:
     except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
         return {"name": name, "module": module_name, "api": None, "features": [],
                 "reason": f"import failed: {type(e).__name__}: {e}"}
-    shape = classify_api(_params(getattr(mod, "get_mla_metadata", None)), hasattr(mod, "FlashMLASchedMeta"),
-                         _params(getattr(mod, "flash_mla_with_kvcache", None)))
+    meta_fn = getattr(mod, "get_mla_metadata", None)
+    # The package may re-export only the functions; the class then lives beside get_mla_metadata.
+    has_class = hasattr(mod, "FlashMLASchedMeta") or "FlashMLASchedMeta" in getattr(meta_fn, "__globals__", {})
+    shape = classify_api(_params(meta_fn), has_class, _params(getattr(mod, "flash_mla_with_kvcache", None)))
     return {"name": name, "module": module_name, "api": shape.api, "features": sorted(shape.features),
             "reason": shape.reason, "origin": getattr(mod, "__file__", "") or "",
             "has_sparse_prefill": hasattr(mod, "flash_mla_sparse_fwd")}
