@@ -206,3 +206,49 @@ def test_pd_slot_crash_on_gpu_without_a_slot_number():
     assert ex.codes == ["SLOT002"]
     assert (ex.boundary.largest_legal, ex.boundary.first_illegal, ex.boundary.margin) == (R, R + 1, held - R)
     assert ex.version == "0.5.10"      # the line format says >= 0.5.10; only a pre-fix build explains it
+
+
+def test_verify_step_rows_are_batch_size_times_draft_tokens():
+    # 0.5.12-format log, EAGLE with 4 draft tokens: a verify forward has batch x 4 query rows, and
+    # verify forwards are never routed away from the decode kernel (sglang-facts.md A).
+    lines = [
+        "python3 -m sglang.launch_server --model-path deepseek-ai/DeepSeek-V4-Pro --max-running-requests 4096 "
+        "--speculative-algorithm EAGLE --speculative-num-draft-tokens 4 --chunked-prefill-size 8192",
+        "[2026-08-01 00:00:01 TP0] Prefill batch, #new-seq: 310, #new-token: 8192, #cached-token: 0, token usage: 0.70, "
+        "#running-req: 2700, #queue-req: 190, #pending-token: 300000, cuda graph: False, input throughput (token/s): 1.00",
+        "CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument",
+    ]
+    ev = scan_lines(lines)
+    diag = diagnose(ev, build_config(ev, None, None), None)
+    ex = diag.explained
+    assert ex.kind == "verify" and ex.likely == 2700 + 310
+    assert ex.boundary.largest_legal == MAX_B // 4
+    fix = next(f for f in diag.fixes if f["flag"] == "--max-running-requests")
+    assert fix["value"] == MAX_B // 4 and fix["verified"]
+    # The next prefill (one 8192-token chunk) is legal: it is not the cause.
+    assert next(c for c in diag.candidates if c.kind == "prefill").verdict == "legal"
+
+
+def test_0510_log_without_pending_tokens_uses_the_queue():
+    lines = [
+        "[2026-03-01 00:00:01 TP0] Prefill batch, #new-seq: 1, #new-token: 16384, #cached-token: 0, token usage: 0.02, "
+        "#running-req: 0, #queue-req: 2, cuda graph: False, input throughput (token/s): 5000.00",
+        "CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument",
+    ]
+    ev = scan_lines(lines)
+    cfg = build_config(ev, None, "--chunked-prefill-size 16384 --model-path deepseek-ai/DeepSeek-V4-Flash")
+    diag = diagnose(ev, cfg, None)
+    ex = diag.explained
+    assert diag.after_forward is True and ex.step.line_no == 1
+    assert (ex.lo, ex.hi) == (1, 16384) and ex.likely == 16384 and not ex.exact   # a full chunk ran: likely another
+    assert any("#queue-req 2" in b for b in ex.basis)
+
+
+def test_log_and_dump_together(tmp_path, monkeypatch):
+    from test_ingest_crash_dump import _make_dump
+
+    p = _make_dump(tmp_path / "crash_dump.pkl", monkeypatch)
+    diag = run("sglang-dsv4-prefill-12288.log", dump=str(p))
+    assert diag.explained.step.line_no == 14 and diag.dump is not None
+    assert diag.config.sources["chunked_prefill_size"] == "crash dump (server_args)"
+    assert diag.to_dict()["crash_dump"]["num_unfinished"] == 3

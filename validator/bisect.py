@@ -39,7 +39,7 @@ ERA_RELEASE = {"E0-E1": ["0.4.0"], "E2-E4": ["0.5.3"], "E5": ["0.5.8"], "wild": 
                "E6": ["0.5.10"], "E6+ (decode)": ["0.5.10", "latest"], "E7+": ["0.5.12", "latest"],
                "E8": ["latest"], "E9": ["latest"]}
 MAX_VALUE = 1 << 22          # search cap for a quantity (rows, slots, batch size)
-MAX_SYNTH_REQUESTS = 4096    # requests materialised in one synthetic batch
+MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
 DEFAULT_MAX_PREFILL_TOKENS = 16384   # SGLang's default --max-prefill-tokens
 
 
@@ -592,7 +592,8 @@ def evaluate(c: Candidate, checker: Checker, err: ErrorEvent | None) -> None:
     c.findings = _summarise(rep)
     c.matches_error = match
     c.batch = c.make(at, ver)
-    # Bisect the quantity for the codes this candidate breaks (or the error's, when it is legal).
+    if verdict == "legal":
+        return   # its headroom is only bisected when nothing explains the crash (see add_headroom)
     tcodes = set(c.codes) or targets or None
     c.boundary = find_boundary(lambda v: c.make(v, ver), checker, 1, at, tcodes, c.quantity)
     if verdict != "legal":
@@ -770,6 +771,9 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     for c in cands:
         evaluate(c, checker, err)
     explained = _pick(cands, err)
+    if explained is None:
+        for c in cands[:3]:
+            add_headroom(c, checker, err)
     if explained is None and cands:
         notes.append("no candidate step breaks a rule the model knows: the crash is not explained by the "
                      "checker (the settings may be incomplete - pass --launch / --server-arg - or the cause is "
@@ -785,6 +789,14 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     if opts.kernel:
         diag.kernel = kernel_hook(explained, checker, opts.kernel_console)
     return diag
+
+
+def add_headroom(c: Candidate, checker: Checker, err: ErrorEvent | None) -> None:
+    """For a legal candidate: how far its quantity could grow before the error's rules (or any rule) fire."""
+    if c.verdict != "legal" or c.boundary is not None:
+        return
+    targets = set(SIGNATURES.get(err.kind, (0, (), None))[1]) if err is not None else set()
+    c.boundary = find_boundary(lambda v: c.make(v, c.version), checker, 1, c.value, targets or None, c.quantity)
 
 
 def _pick(cands: list[Candidate], err: ErrorEvent | None) -> Candidate | None:

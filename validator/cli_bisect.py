@@ -104,6 +104,17 @@ def _fmt_cfg(cfg) -> str:
     return ", ".join(parts) if parts else "(none found: pass --launch or --server-arg)"
 
 
+def _ids(ids: list) -> str:
+    if len(ids) <= 4:
+        return ", ".join(map(str, ids))
+    return f"{len(ids)} requests ({ids[0]} .. {ids[-1]})"
+
+
+def _chunks(step: list) -> str:
+    parts = [f"{c['id']}[{c['start']}:{c['start'] + c['tokens']}]" if "tokens" in c else str(c.get("id")) for c in step]
+    return ", ".join(parts) if len(parts) <= 4 else f"{len(parts)} pieces ({parts[0]} .. {parts[-1]})"
+
+
 def render_diagnosis(diag, console) -> None:
     """The human story: what was read, the error, the timeline, the step, the rule, the numbers, the fix."""
     ev = diag.evidence
@@ -151,7 +162,9 @@ def render_diagnosis(diag, console) -> None:
     if ex is None:
         p("verdict: no candidate step breaks a modelled limit")
         for c in diag.candidates[:4]:
-            p(f"  checked: {c.rank} {c.label}: {c.verdict} at {c.value} {c.quantity}"
+            head = (f"; legal up to {c.boundary.largest_legal}" if c.boundary is not None
+                    and c.boundary.largest_legal is not None else "")
+            p(f"  checked: {c.rank} {c.label}: {c.verdict} at {c.value} {c.quantity}{head}"
               + (f" ({c.check_error})" if c.check_error else ""))
     else:
         if ex.lo == ex.hi or ex.exact:
@@ -179,16 +192,18 @@ def render_diagnosis(diag, console) -> None:
         sp = ex.safe_split
         if sp and sp.get("possible"):
             if sp.get("num_steps"):
-                p(f"safe split: {sp['num_steps']} step(s) of whole requests: {sp['steps']}")
+                p(f"safe split: {sp['num_steps']} step(s) of whole requests: "
+                  + "; ".join(_ids(st) for st in sp["steps"][:6]) + (" ..." if sp["num_steps"] > 6 else ""))
             elif sp.get("num_chunked_steps"):
-                p(f"safe split: {sp['num_chunked_steps']} chunked step(s)")
+                p(f"safe split: {sp['num_chunked_steps']} chunked step(s): "
+                  + "; ".join(_chunks(st) for st in sp["chunked_steps"][:6]) + (" ..." if sp["num_chunked_steps"] > 6 else ""))
         elif sp and not sp.get("possible"):
             p(f"safe split: none ({sp.get('reason', '')})")
     if diag.fixes:
         p("fix:")
         for f in diag.fixes:
             p(f"  {f['flag']} {f['value']}  [{'verified' if f['verified'] else 'NOT verified'} by the checker] - {f['why']}")
-    others = [c for c in diag.candidates if c is not ex]
+    others = [c for c in diag.candidates if c is not ex] if ex is not None else []
     if others:
         p("other candidates:")
         for c in others[:6]:
