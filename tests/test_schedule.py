@@ -103,6 +103,12 @@ def rows_of(sch: Schedule) -> list[list[int]]:
 
 
 def assert_same(sch: Schedule, rows: list[list[int]], num_splits: list[int], what: str) -> None:
+    # the summaries first: the fast path answers them before (and without) building any array
+    split, max_row = split_summary(num_splits)
+    assert sch.total_splits == num_splits[-1], what
+    assert sch.max_split_row == max_row, what
+    assert sch.last_split_request == (split[-1] if split else -1), what
+    assert sch.num_split_events == num_splits[-1] - len(num_splits) + 1, what
     got_rows = rows_of(sch)
     if got_rows != rows:
         bad = next(i for i, (a, e) in enumerate(zip(got_rows, rows)) if a != e)
@@ -110,12 +116,9 @@ def assert_same(sch: Schedule, rows: list[list[int]], num_splits: list[int], wha
     ns = sch.num_splits
     assert ns.dtype == np.int32 and ns.shape == (len(num_splits),)
     assert ns.tolist() == num_splits, f"{what}: num_splits differ"
-    split, max_row = split_summary(num_splits)
-    assert sch.total_splits == num_splits[-1], what
-    assert sch.max_split_row == max_row, what
-    assert sch.last_split_request == (split[-1] if split else -1), what
-    assert sch.num_split_events == num_splits[-1] - len(num_splits) + 1, what
     assert sch.split_request_rows() == [(r, num_splits[r + 1] - 1) for r in split], what
+    events = [r for r in range(len(num_splits) - 1) for _ in range(num_splits[r + 1] - num_splits[r] - 1)]
+    assert sch.split_requests == events, what
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,3 +363,27 @@ def test_other_block_sizes_reference_equals_fast(block):
         assert_same(schedule_fast(np.asarray(s, dtype=np.int64), P, F, block), rows, ns, f"block={block}")
         if len(set(s)) == 1:
             assert_same(schedule_fast(None, P, F, block, uniform=s[0], b=b), rows, ns, f"uniform block={block}")
+
+
+def test_uniform_periodic_walk_in_every_regime():
+    """Uniform lengths: the walk advances by Q until k*Q mod w lands within F of a boundary, so
+    schedules differ in how long that takes (never within P partitions, at once, a few steps,
+    hundreds of steps). Many partitions (P up to 4096, raw GPU numbers) and huge lengths reach the
+    long ones; all must match the model step by step."""
+    rng = random.Random(4096)
+    seen = set()
+    for _ in range(700):
+        b = rng.choice([1, 2, 3, 5, 8, 64, 100, 1000, 3000])
+        P = rng.choice([1, 2, 7, 66, 132, 160, 300, 1000, 4096])
+        length = rng.choice([0, 1, 64, 65, 640, 2048, 100000, 2**20 + 7, 2**31 - 1, rng.randint(0, 2**31 - 1)])
+        F = rng.choice([3, 5])
+        sch = schedule_fast(None, P, F, uniform=length, b=b)
+        rows, ns = facts_schedule([length] * b, P, F)
+        assert_same(sch, rows, ns, f"b={b} P={P} s={length} F={F}")
+        # how many steps until the walk first stops at a request boundary (0: never, before the end)
+        w = (max(length - 1, 0) // 64) + 1 + F
+        Q = -(-b * w // P)
+        steps = next((k for k in range(1, P + 1) if (k * Q) % w == 0 or (k * Q) % w >= w - F), 0)
+        seen.add("never" if steps == 0 else "1" if steps == 1 else "<=64" if steps <= 64
+                 else "<=256" if steps <= 256 else ">256")
+    assert seen == {"never", "1", "<=64", "<=256", ">256"}

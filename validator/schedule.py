@@ -9,66 +9,175 @@ Two implementations of the same greedy partitioning:
   position ``x`` ends at ``x + payload``; if a request boundary lies within the last ``F`` units the
   partition stops there, otherwise it splits the request and the next partition starts at
   ``end - F`` (it pays the fixed overhead again). So ``x' = max(x + Q, floor_C(x + Q + F))`` with
-  ``Q = payload - F``: one binary search per partition, O(b + P log b), and for the common
-  uniform-length case no per-request arrays at all (boundaries are multiples of one width).
-  The walk keeps only what the rules read (split events) and where each partition starts; the
-  metadata rows are derived from those positions on demand.
+  ``Q = payload - F``: one binary search per partition, O(b + P log b).
 
-Speed notes (the walk is one Python step per partition, so constant factors matter): small batches
-build prefix sums with Python ints (numpy's per-call overhead dominates there); large ones keep them
-in numpy and binary-search them through a memoryview instead of converting b values to Python ints;
-when there are at most about as many requests as partitions the next boundary is found by looking
-one or two requests ahead.
+  When every request has the same length (the common case) the boundaries are the multiples of one
+  width ``w`` and the walk is periodic: from a boundary it advances by ``Q`` until ``k*Q mod w`` falls
+  in ``{0} | [w - F, w)``, then snaps to the next boundary and starts over. The period ``T`` and its
+  length ``L`` give every partition's start in closed form, ``x_p = (p // T) * L + (p % T) * Q``, so
+  the summaries the rules read cost O(T) with T <= P, and the metadata rows are one period's rows
+  repeated and shifted.
 
 Both return a :class:`Schedule` whose ``metadata`` is the ``[P, 8]`` int32 tile metadata (column 7,
-which the kernel never writes, is 0) and ``num_splits`` the cumulative ``[b + 1]`` int32 array.
+which the kernel never writes, is 0) and ``num_splits`` the cumulative ``[b + 1]`` int32 array; both
+are derived lazily, only when somebody asks for them.
+
+Speed notes (the non-uniform walk is one Python step per partition, so constant factors matter):
+small batches build prefix sums with Python ints (numpy's per-call overhead dominates there); large
+ones keep them in numpy and binary-search them through a memoryview instead of converting b values to
+Python ints; with at most about one request per partition the next boundary is found by looking one
+or two requests ahead.
 """
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import accumulate
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Period:
+    """The periodic walk of a uniform-length schedule (see the module docstring).
+
+    ``T`` partitions per period (0: no partition before the last one reaches a boundary, i.e.
+    ``x_p = p * Q``), ``L`` stream units per period (a multiple of ``w``), ``Q`` the payload less
+    ``F``, ``w`` the stream width of one request and ``m`` the number of active partitions.
+    """
+
+    T: int
+    L: int
+    Q: int
+    w: int
+    m: int
+
+    def start(self, p: int) -> int:
+        if self.T:
+            a, k = divmod(p, self.T)
+            return a * self.L + k * self.Q
+        return p * self.Q
+
+    def starts(self, p: np.ndarray) -> np.ndarray:
+        if self.T:
+            a, k = np.divmod(p, self.T)
+            return a * self.L + k * self.Q
+        return p * self.Q
+
+    @property
+    def num_events(self) -> int:
+        """Split partitions: every active one but the last, less those closing a period."""
+        return self.m - 1 - ((self.m - 1) // self.T if self.T else 0)
+
+    def last_event(self) -> int:
+        """Request of the last split event (-1 when nothing is split)."""
+        if self.num_events == 0:
+            return -1
+        p = self.m - 2
+        if self.T and p % self.T == self.T - 1:
+            p -= 1
+        return self.start(p + 1) // self.w     # a split partition stops at its start + Q
+
+    def event_array(self) -> np.ndarray:
+        """Requests of the split events in order: per period, partitions 0..T-2 split at
+        ``(k+1)*Q // w`` requests past the period's first; the last active partition never splits."""
+        E = self.num_events
+        if not self.T:
+            return (np.arange(1, E + 1, dtype=np.int64) * self.Q) // self.w
+        if self.T == 1:
+            return np.empty(0, dtype=np.int64)
+        rel = (np.arange(1, self.T, dtype=np.int64) * self.Q) // self.w
+        n_per = -(-E // (self.T - 1))
+        S = self.L // self.w
+        ev = rel + np.arange(0, n_per * S, S, dtype=np.int64)[:, None]
+        return ev.reshape(-1)[:E]
+
+
+# A non-snapping residue walk longer than this is searched with numpy rather than a Python loop.
+_PERIOD_SCAN = 256
+# Periods up to this many partitions get their metadata rows built once and repeated.
+_TILE_MAX = 64
+
+
+def _period(b: int, P: int, F: int, w: int) -> Period:
+    total = b * w
+    Q = -(-total // P)
+    step, lo = Q % w, w - F
+    T = 0
+    t = 0
+    for k in range(1, min(P, _PERIOD_SCAN) + 1):
+        t += step
+        if t >= w:
+            t -= w
+        if t == 0 or t >= lo:
+            T = k
+            break
+    else:
+        if P > _PERIOD_SCAN:
+            ks = np.arange(_PERIOD_SCAN + 1, P + 1, dtype=np.int64)
+            res = ks * step % w
+            hit = (res == 0) | (res >= lo)
+            if hit.any():
+                T = int(ks[hit.argmax()])
+    L = -(-T * Q // w) * w if T else 0
+    # The last active partition is the first whose payload reaches the end of the stream.
+    target = total - Q - F
+    if target <= 0:
+        last = 0
+    elif not T:
+        last = -(-target // Q)
+    else:
+        a = target // L
+        k = -(-(target - a * L) // Q)
+        last = (a + 1) * T if k >= T else a * T + k
+    return Period(T, L, Q, w, last + 1)
 
 
 @dataclass(eq=False)
 class Schedule:
     """The scheduler's output for one call, plus cheap summaries the rules read.
 
-    The fast path records where each *active* partition (one that receives work) starts in the
-    stream (``starts``; the last one stops at ``total``) and the request of every split event;
-    ``metadata`` and ``num_splits`` are derived from these lazily, with a few vector operations,
-    only when somebody asks for them. The reference path fills ``rows`` directly.
+    ``events`` lists the request of every split event (ascending); the uniform fast path leaves it
+    None and keeps only its count and last element until somebody asks for the list. The
+    non-uniform fast path records where each *active* partition (one that receives work) starts in
+    the stream (``starts``; the last one stops at ``total``), the uniform one its :class:`Period`.
+    ``metadata`` and ``num_splits`` are derived from these lazily. The reference path fills
+    ``rows`` directly.
     """
 
     b: int
     num_sm_parts: int
-    split_requests: list            # request index of every split event, ascending
-    rows: list | None = None        # reference path: P rows of columns 0..6
+    events: list | None = None
+    rows: list | None = None            # reference path: P rows of columns 0..6
     lengths: np.ndarray | None = None   # effective lengths (fast path, non-uniform)
     uniform: int | None = None          # the common effective length (fast path, uniform)
     fixed_overhead: int = 0
     block: int = 64
-    starts: list | None = None      # fast path: stream position where each active partition begins
-    total: int = 0                  # fast path: stream length sum(n_i + F)
+    starts: list | None = None          # fast path, non-uniform: where each active partition begins
+    total: int = 0                      # fast path: stream length sum(n_i + F)
     prefix: np.ndarray | list | None = None  # fast path, non-uniform: C [b + 1] (int64, or ints)
-    _metadata: np.ndarray | None = field(default=None, repr=False)
-    _num_splits: np.ndarray | None = field(default=None, repr=False)
+    period: Period | None = None        # fast path, uniform
+    num_split_events: int = 0
+    last_split_request: int = -1        # index of the last request that is split (-1 when none is)
+    _metadata: np.ndarray | None = None
+    _num_splits: np.ndarray | None = None
+
+    def __post_init__(self):
+        if self.events is not None:
+            self.num_split_events = len(self.events)
+            self.last_split_request = self.events[-1] if self.events else -1
 
     @property
-    def num_split_events(self) -> int:
-        return len(self.split_requests)
-
-    @property
-    def last_split_request(self) -> int:
-        """Index of the last request that is split (-1 when none is)."""
-        return self.split_requests[-1] if self.split_requests else -1
+    def split_requests(self) -> list:
+        """Request index of every split event, ascending (a request split k times appears k times)."""
+        if self.events is None:
+            self.events = self.period.event_array().tolist()
+        return self.events
 
     @property
     def total_splits(self) -> int:
         """``num_splits[b]``: rows of partial results the combine kernel reads."""
-        return self.b + len(self.split_requests)
+        return self.b + self.num_split_events
 
     @property
     def max_split_row(self) -> int:
@@ -77,9 +186,9 @@ class Schedule:
         ``num_splits`` is cumulative, so the last split request owns the largest such row:
         ``num_splits[r+1] - 1 = r + (split events up to r)`` and every event is at or before it.
         """
-        if not self.split_requests:
+        if not self.num_split_events:
             return -1
-        return self.split_requests[-1] + len(self.split_requests)
+        return self.last_split_request + self.num_split_events
 
     @property
     def metadata(self) -> np.ndarray:
@@ -97,6 +206,16 @@ class Schedule:
             ns = self._num_splits = self._build_num_splits()
         return ns
 
+    def split_request_rows(self) -> list[tuple[int, int]]:
+        """(request, last partial-result row) for every split request, ascending."""
+        out: list[tuple[int, int]] = []
+        ev = self.split_requests
+        for idx, r in enumerate(ev):
+            if idx + 1 == len(ev) or ev[idx + 1] != r:
+                out.append((r, r + idx + 1))    # num_splits[r+1] - 1 = r + (events up to r)
+        return out
+
+    # -- building the arrays -----------------------------------------------------------------------
     def _build_metadata(self) -> np.ndarray:
         P = self.num_sm_parts
         if self.rows is not None:
@@ -104,34 +223,51 @@ class Schedule:
             out[:, :7] = np.asarray(self.rows, dtype=np.int64).reshape(P, 7)
             return out
         b, F = self.b, self.fixed_overhead
-        m = len(self.starts)
-        # Stream positions where the active partitions start, then where the last one stops: each
-        # position is (request q, offset R) with the offset in blocks from the request's start.
-        xs = np.array(self.starts + [self.total], dtype=np.int64)
-        if self.uniform is not None:
-            w = (self.uniform - 1 if self.uniform > 1 else 0) // self.block + 1 + F
+        out = np.empty((P, 8), dtype=np.int32)
+        if self.period is not None:
+            pr = self.period
+            m, w = pr.m, pr.w
             n0 = n_last = w - F
             s_zero = self.uniform == 0
-            q = xs // w
-            R = xs - q * w
+            if 0 < pr.T <= _TILE_MAX:
+                self._uniform_rows_tiled(out, 0 if s_zero else n0)
+            else:
+                xs = np.empty(m + 1, dtype=np.int64)
+                xs[:m] = pr.starts(np.arange(m, dtype=np.int64))
+                xs[m] = self.total
+                q = xs // w
+                self._rows_from_positions(out, xs, q, xs - q * w, np.where, 0 if s_zero else n0)
         else:
+            m = len(self.starts)
             C, s = self.prefix, self.lengths
             if not isinstance(C, np.ndarray):
                 C = self.prefix = np.array(C, dtype=np.int64)
             n0 = int(C[1]) - F
             n_last = int(C[b] - C[b - 1]) - F
             s_zero = bool(s[b - 1] == 0)
+            xs = np.array(self.starts + [self.total], dtype=np.int64)
             q = C.searchsorted(xs, "right")
             q -= 1
-            R = xs - C[q]
+            self._rows_from_positions(out, xs, q, xs - C[q], None, None)
+        # Partitions after all work is placed: begin_req = b and, as the kernel reads one element past
+        # its per-request array, begin_block = last_0; they end with the last request.
+        out[m:] = (b, b - 1, n0 - 1, 0 if s_zero else n_last, 0, 0, 0, 0)
+        return out
+
+    def _rows_from_positions(self, out, xs, q, R, _uniform, full_blocks) -> None:
+        """Rows of the active partitions from their start positions ``xs`` (plus the final stop),
+        each as (request ``q``, block offset ``R``)."""
+        F = self.fixed_overhead
+        m = xs.shape[0] - 1
         r, k = q[:-1], R[:-1]                 # where each partition begins
         i, rem = q[1:], R[1:]                 # where it stops (the next one begins)
         sp = rem != 0                         # stops inside request i: it is split
         er = i - 1
         er += sp
-        if self.uniform is not None:
-            eb = np.where(sp, rem, 0 if s_zero else n0)
+        if _uniform is not None:
+            eb = np.where(sp, rem, full_blocks)
         else:
+            C, s = self.prefix, self.lengths
             full = xs[1:] - C[er]             # an unsplit end request is whole: n blocks (0 if empty)
             full -= F
             full[s[er] == 0] = 0
@@ -143,7 +279,6 @@ class Schedule:
         fs = k > 0
         same = r == er                        # begins and ends in one request: flags are their OR
         both = fs | sp
-        out = np.empty((P, 8), dtype=np.int32)
         out[:m, 0] = r
         out[:m, 1] = er
         out[:m, 2] = k
@@ -152,35 +287,63 @@ class Schedule:
         out[:m, 5] = np.where(same, both, fs)
         out[:m, 6] = np.where(same, both, sp)
         out[:m, 7] = 0
-        # Partitions after all work is placed: begin_req = b and, as the kernel reads one element past
-        # its per-request array, begin_block = last_0; they end with the last request.
-        out[m:] = (b, b - 1, n0 - 1, 0 if s_zero else n_last, 0, 0, 0, 0)
-        return out
+
+    def _uniform_rows_tiled(self, out: np.ndarray, full_blocks: int) -> None:
+        """Active rows of a periodic uniform schedule: one period built in Python, then repeated
+        with the request columns shifted by ``L / w`` per period; the last partition (which stops
+        at the end of the stream, not where its period would) is written separately."""
+        pr = self.period
+        T, L, Q, w, m = pr.T, pr.L, pr.Q, pr.w, pr.m
+        period_rows = []
+        j = prev_r = 0
+        for k in range(T):
+            x = k * Q
+            r, boff = divmod(x, w)
+            if k:                             # the previous partition split request r
+                j = j + 1 if r == prev_r else 1
+            if k < T - 1:                     # stops inside a request, Q further on
+                er, eb = divmod(x + Q, w)
+                ls = 1
+            else:                             # snaps to the period's end, a request boundary
+                er, eb, ls = L // w - 1, full_blocks, 0
+            fs = 1 if boff else 0
+            if r == er:
+                fs = ls = fs | ls
+            period_rows.append((r, er, boff, eb, j, fs, ls, 0))
+            prev_r = r
+        n_per = -(-m // T)
+        buf = out if n_per * T <= out.shape[0] else np.empty((n_per * T, 8), dtype=np.int32)
+        tiles = buf[:n_per * T].reshape(n_per, T, 8)
+        tiles[:] = period_rows
+        if n_per > 1:
+            tiles[:, :, :2] += np.arange(0, n_per * (L // w), L // w, dtype=np.int32)[:, None, None]
+        x = pr.start(m - 1)
+        r, boff = divmod(x, w)
+        fs = 1 if boff else 0
+        buf[m - 1] = (r, self.b - 1, boff, full_blocks, period_rows[(m - 1) % T][4], fs,
+                      fs if r == self.b - 1 else 0, 0)
+        if buf is not out:
+            out[:m] = buf[:m]
 
     def _build_num_splits(self) -> np.ndarray:
         b = self.b
         out = np.arange(b + 1, dtype=np.int32)
-        ev = self.split_requests
-        if not ev:
+        E = self.num_split_events
+        if not E:
             return out
-        if b <= 2048:       # an event at request e counts for every r > e
-            out += np.array(ev, dtype=np.int64).searchsorted(out, "left")
+        if self.events is None:
+            ev = self.period.event_array()
+        else:
+            ev = np.array(self.events, dtype=np.int64)
+        if b <= 256:        # an event at request e counts for every r > e
+            out += ev.searchsorted(out, "left")
             return out
-        edges = np.empty(len(ev) + 2, dtype=np.int64)
+        edges = np.empty(E + 2, dtype=np.int64)
         edges[0] = 0
         edges[1:-1] = ev
         edges[1:-1] += 1
         edges[-1] = b + 1
-        out += np.repeat(np.arange(len(ev) + 1, dtype=np.int32), np.diff(edges))
-        return out
-
-    def split_request_rows(self) -> list[tuple[int, int]]:
-        """(request, last partial-result row) for every split request, ascending."""
-        out: list[tuple[int, int]] = []
-        ev = self.split_requests
-        for idx, r in enumerate(ev):
-            if idx + 1 == len(ev) or ev[idx + 1] != r:
-                out.append((r, r + idx + 1))    # num_splits[r+1] - 1 = r + (events up to r)
+        out += np.arange(E + 1, dtype=np.int32).repeat(edges[1:] - edges[:-1])
         return out
 
 
@@ -223,32 +386,6 @@ def schedule_reference(s: list[int] | np.ndarray, num_sm_parts: int, fixed_overh
             first = last_sp = first | last_sp
         rows.append([begin_req, end_req, begin_block, end_block, begin_split, first, last_sp])
     return Schedule(b, P, splits, rows=rows)
-
-
-def _walk_uniform(b: int, P: int, F: int, w: int):
-    """The greedy walk when every request costs ``w = n + F``: boundaries are multiples of ``w``.
-
-    Returns (total, start of each active partition, request of each split event).
-    """
-    total = b * w
-    QF = -(-total // P) + F
-    starts: list[int] = []
-    events: list[int] = []
-    add_start, add_event = starts.append, events.append
-    x = 0
-    for _ in range(P):
-        add_start(x)
-        end = x + QF
-        i = end // w
-        if i >= b:                      # the rest fits: this partition finishes the batch
-            break
-        c = i * w
-        if c <= x or end - c > F:       # no request ends in [end - F, end]: split request i
-            x = end - F
-            add_event(i)
-        else:                           # stop at the end of request i - 1
-            x = c
-    return total, starts, events
 
 
 def _walk_prefix(C, P: int, F: int, total: int):
@@ -313,15 +450,16 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """Schedule by walking the request stream: prefix sums plus one binary search per partition.
 
     ``uniform``: when every request has the same effective length pass it with ``b`` (``s`` may
-    then be None): request boundaries are multiples of one width and nothing of length ``b`` is built.
+    then be None): the walk is periodic and nothing of length ``b`` is built.
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
         if b is None:
             b = len(s)
         w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
-        total, starts, events = _walk_uniform(b, P, F, w)
-        return Schedule(b, P, events, uniform=uniform, fixed_overhead=F, block=block, starts=starts, total=total)
+        pr = _period(b, P, F, w)
+        return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
+                        num_split_events=pr.num_events, last_split_request=pr.last_event())
     s = np.asarray(s, dtype=np.int64)
     b = s.shape[0]
     if b <= _SMALL_B:
