@@ -79,3 +79,12 @@ def test_binary_garbage_is_a_partial_answer_not_a_traceback(tmp_path):
     assert r.exit_code == 0, r.output
     assert "batch line(s) not parsed" in r.stdout and "error: none found" in r.stdout
     assert "Traceback" not in r.output
+
+
+def test_kernel_flag_reports_availability_instead_of_failing():
+    r = invoke(str(LOGS / "sglang-dsv4-prefill-12288.log"), "--json", "--kernel")
+    assert r.exit_code == 1
+    k = json.loads(r.stdout)["kernel"]
+    assert isinstance(k, dict) and "available" in k
+    if not k["available"]:
+        assert k["reason"]

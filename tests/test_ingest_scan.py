@@ -131,3 +131,15 @@ def test_root_error_is_the_most_specific_first_one_and_ranks_come_from_prefixes(
     assert idx.rank == "DP1" and idx.rank_inferred                 # inside DP1's traceback
     ima = next(e for e in ev.errors if e.kind == "illegal_memory_access")
     assert ima.rank is None                                        # a later prefixed line ended the traceback
+
+
+def test_errors_the_server_survived_are_not_the_cause_and_late_errors_are_kept():
+    step = "[2026-01-01 00:00:{:02d} TP0] Decode batch, #running-req: 3, #token: 9, token usage: 0.00, #queue-req: 0"
+    lines = ["IndexError: index 5 is out of bounds for dimension 0 with size 5"]           # survived: steps follow
+    lines += ["RuntimeError: something recoverable"] * 500                                # more than the error cap
+    lines += [step.format(1), step.format(2)]
+    lines += ["CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument"]
+    ev = scan_lines(lines)
+    root = ev.root_error()
+    assert root.kind == "flashmla_sched" and root.line_no == len(lines)
+    assert ev.error_counts["python_error"] == 500 and len(ev.errors) <= 200

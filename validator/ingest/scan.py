@@ -25,7 +25,8 @@ from .vllm_dump import VllmStep, parse_scheduler_output
 
 MAX_LINE = 1 << 20              # characters kept of one line
 DEFAULT_WINDOW = 64             # steps kept per rank
-MAX_ERRORS = 200
+MAX_ERRORS_HEAD = 50            # first errors kept
+MAX_ERRORS_TAIL = 150           # last errors kept (the crash is near the end)
 MAX_EXAMPLES = 5
 MAX_VLLM_DUMP_CHARS = 4 << 20
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -86,7 +87,8 @@ class LogEvidence:
 
     name: str
     ranks: dict[str, RankTimeline] = field(default_factory=dict)
-    errors: list[ErrorEvent] = field(default_factory=list)
+    errors_head: list[ErrorEvent] = field(default_factory=list)
+    errors_tail: deque = field(default_factory=lambda: deque(maxlen=MAX_ERRORS_TAIL))
     error_counts: Counter = field(default_factory=Counter)
     first_error_by_rank: dict[str, ErrorEvent] = field(default_factory=dict)
     config: EngineConfig = field(default_factory=EngineConfig)
@@ -108,12 +110,26 @@ class LogEvidence:
             return None
         return max(self.era_examples.values(), key=lambda e: e.rank)
 
+    @property
+    def errors(self) -> list[ErrorEvent]:
+        """The first and the last errors of the log, in order (the middle of a long log is only counted)."""
+        return self.errors_head + list(self.errors_tail)
+
+    def last_step_line(self) -> int:
+        return max((tl.last_line for tl in self.ranks.values()), default=0)
+
     def root_error(self) -> ErrorEvent | None:
-        """The first error of the highest specificity: the cause rather than its echoes."""
-        if not self.errors:
+        """The error that killed the server: among the errors after the last scheduler step (errors
+        the server survived are followed by more steps), the first of the highest specificity - the
+        cause rather than its echoes."""
+        errs = self.errors
+        if not errs:
             return None
-        best = max(e.specificity for e in self.errors)
-        return next(e for e in self.errors if e.specificity == best)
+        last = self.last_step_line()
+        late = [e for e in errs if e.line_no > last]
+        pool = late or errs
+        best = max(e.specificity for e in pool)
+        return next(e for e in pool if e.specificity == best)
 
     def to_dict(self) -> dict:
         era = self.era()
@@ -125,7 +141,7 @@ class LogEvidence:
                                                               if x not in self.unparsed_examples]},
             "era": era.to_dict() if era else None, "eras_seen": dict(self.eras),
             "ranks": {k: v.to_dict() for k, v in sorted(self.ranks.items())},
-            "errors": [e.to_dict() for e in self.errors[:20]], "error_counts": dict(self.error_counts),
+            "errors": [e.to_dict() for e in self.errors[-20:]], "error_counts": dict(self.error_counts),
             "config": self.config.to_dict(), "vllm_steps": [s.to_dict() for s in self.vllm_steps[-3:]],
             "notes": list(self.notes),
         }
@@ -173,7 +189,7 @@ class LogScanner:
             # Unprefixed lines that follow a prefixed exception line (a traceback) belong to its rank;
             # any other prefixed line ends that context.
             self._ctx_rank = None
-        if looks_like_batch_line(line):
+        if " batch" in line and looks_like_batch_line(line):
             self._batch_line(line, no, prefix)
             return
         if VLLM_MARKER in line or "SchedulerOutput(" in line:
@@ -191,7 +207,7 @@ class LogScanner:
                     ev.notes.append(f"line {no}: the ServerArgs(...) text is cut off; {len(vals)} fields read")
                 ev.counts["config"] += 1
                 return
-        m = DP_CHUNK_WARNING.search(line)
+        m = DP_CHUNK_WARNING.search(line) if "adjusted" in line else None
         if m:
             ev.config.update({"chunked_prefill_size": int(m.group(2))}, f"{ev.name}:{no} (DP-attention adjustment)",
                              per_rank_chunk=True)
@@ -264,10 +280,10 @@ class LogScanner:
         if prefix is not None:
             text = line[prefix.end:].strip() or text
         e = ErrorEvent(kind, no, text[:500], rank, inferred, prefix.timestamp if prefix else None, nums)
-        if len(ev.errors) < MAX_ERRORS:
-            ev.errors.append(e)
-        elif e.specificity > max(x.specificity for x in ev.errors):
-            ev.errors.append(e)     # never lose a more specific error to the cap
+        if len(ev.errors_head) < MAX_ERRORS_HEAD:
+            ev.errors_head.append(e)
+        else:
+            ev.errors_tail.append(e)
         if rank is not None and not inferred:
             ev.first_error_by_rank.setdefault(rank, e)
 
