@@ -252,3 +252,28 @@ def test_log_and_dump_together(tmp_path, monkeypatch):
     assert diag.explained.step.line_no == 14 and diag.dump is not None
     assert diag.config.sources["chunked_prefill_size"] == "crash dump (server_args)"
     assert diag.to_dict()["crash_dump"]["num_unfinished"] == 3
+
+
+def test_mamba_slot_mapping_indexed_by_a_global_slot():
+    # --max-running-requests 64 over 2 DP-attention workers: the mapping table has 64 / 2 rows, so the
+    # largest global slot it can take is 31 (sglang-facts.md B, last item).
+    lines = [
+        "python3 -m sglang.launch_server --model-path Qwen/Qwen3-Next-80B-A3B-Instruct --tp 4 --dp 2 "
+        "--enable-dp-attention --max-running-requests 64",
+        "[2026-02-10 11:00:00 DP1 TP2] Decode batch, #running-req: 30, #full token: 90000, full token usage: 0.10, "
+        "mamba num: 30, mamba usage: 0.47, cuda graph: True, gen throughput (token/s): 800.00, #queue-req: 0, ",
+        "[2026-02-10 11:00:02 DP1 TP2] Scheduler hit an exception: Traceback (most recent call last):",
+        "IndexError: index 32 is out of bounds for dimension 0 with size 32",
+    ]
+    ev = scan_lines(lines)
+    diag = diagnose(ev, build_config(ev, None, None), None)
+    ex = diag.explained
+    assert ex.rank == "DP1" and ex.codes == ["SLOT004"]
+    assert (ex.boundary.largest_legal, ex.boundary.first_illegal) == (64 // 2 - 1, 64 // 2)
+
+
+def test_slot_error_without_settings_still_reads_the_message():
+    ev = scan_lines(["IndexError: index 96 is out of bounds for dimension 0 with size 33"])
+    diag = diagnose(ev, build_config(ev, None, None), None)
+    assert diag.explained is None
+    assert any("largest legal index there is 32 (over by 64)" in n for n in diag.notes)

@@ -41,6 +41,10 @@ ERA_RELEASE = {"E0-E1": ["0.4.0"], "E2-E4": ["0.5.3"], "E5": ["0.5.8"], "wild": 
 MAX_VALUE = 1 << 22          # search cap for a quantity (rows, slots, batch size)
 MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
 DEFAULT_MAX_PREFILL_TOKENS = 16384   # SGLang's default --max-prefill-tokens
+# Model-path fragments (lower case) of DSA-indexer models (compression tails indexed by slot) and of
+# hybrid mamba models (slot mapping tables).
+DSA_MODELS = ("glm-5", "glm5", "deepseek-v3.2", "deepseek_v3.2", "v3.2-exp", "dsa")
+MAMBA_MODELS = ("mamba", "qwen3-next", "qwen3_next", "nemotron-h", "jamba", "falcon-h", "granite-4", "lfm2")
 
 
 # ------------------------------------------------------------------------------------ results
@@ -496,6 +500,25 @@ class Builder:
         return Candidate(rank, kind, f"a {'verify' if kind == 'verify' else 'decode'} step near line {last.line_no}",
                          "batch size", running, hi, running, False, basis, make, last, list(self.versions))
 
+    def slot_buffers(self, d: Step | None, basis: list[str]) -> tuple[dict, list[dict]]:
+        """Slot-indexed buffers the model and the log point to, beyond the request table.
+
+        DSA compression tails exist only for DSA-indexer models; a hybrid mamba model (``mamba usage``
+        in the log, or a known hybrid family) has a slot mapping table sized per DP worker but
+        indexed by a global slot (the SLOT004 bug class)."""
+        model = str(self.cfg.get("model_path", "") or "").lower()
+        dsa = (not model) or any(k in model for k in DSA_MODELS)
+        mamba = any(k in model for k in MAMBA_MODELS) or (
+            d is not None and any(k in d.fields for k in ("mamba_usage", "mamba_num")))
+        model_doc: dict = {} if dsa else {"dsa_tails": False}
+        buffers: list[dict] = []
+        if mamba:
+            buffers.append({"name": "mamba slot mapping", "rows_from": "running_limit", "scope": "per_dp",
+                            "indexed_by": "global_slot"})
+            basis.append("hybrid mamba model: its slot mapping table has max_running_requests / dp_size rows but is "
+                         "indexed by a global slot")
+        return model_doc, buffers
+
     def slot_step(self, rank: str, d: Step | None, err: ErrorEvent | None) -> Candidate | None:
         R = self.cfg.running_limit_per_rank()
         E = self.cfg.get("disaggregation_decode_extra_slots")
@@ -533,9 +556,16 @@ class Builder:
         n = max(1, min(running, MAX_SYNTH_REQUESTS))
         sl = _running_len(d, running)
 
+        model_doc, buffers = self.slot_buffers(d, basis)
+
         def make(v: int, version: str | None) -> dict:
-            return decode_doc(self.profile, version, self.gpu, self.sa(), n, sl, mode,
-                              f"{mode} step on {rank} with a request in slot {v}", slot=v)
+            doc = decode_doc(self.profile, version, self.gpu, self.sa(), n, sl, mode,
+                             f"{mode} step on {rank} with a request in slot {v}", slot=v)
+            if model_doc:
+                doc["model"] = dict(model_doc)
+            if buffers:
+                doc["buffers"] = [dict(b) for b in buffers]
+            return doc
         label = (f"the {'draft-extend' if draft else 'decode'} step that indexed slot {idx}" if idx is not None
                  else f"a {'draft-extend' if draft else 'decode'} step on the PD decode worker" if pd
                  else f"a {'draft-extend' if draft else 'decode'} step")
@@ -677,10 +707,16 @@ def propose_fixes(c: Candidate, cfg: EngineConfig, checker: Checker, profile: li
             fixes.append({"flag": "--disaggregation-decode-extra-slots", "value": e_new,
                           "why": f"live slots then stay <= R + E = {R + e_new}, inside every slot-indexed buffer "
                                  "(a stopgap: it limits PD pre-allocation)", "verified": verify(doc)})
-        if "sglang-slots" in profile:
+        if "sglang-slots" in profile and "SLOT002" in c.codes:
             doc = c.make(c.value, "latest")
             fixes.append({"flag": "(upgrade)", "value": "an SGLang build whose slot-indexed buffers are sized from the request table",
                           "why": "the NextN draft's DSA tails get table rows + 1 rows", "verified": verify(doc)})
+    # What each broken rule itself says to do (engine-side fixes; not settings the checker can try).
+    seen = set()
+    for f in c.findings:
+        if f.get("fix") and f["code"] not in seen:
+            seen.add(f["code"])
+            fixes.append({"flag": f"({f['code']})", "value": f["fix"], "why": "the rule's own advice", "verified": None})
     return fixes
 
 
@@ -774,6 +810,11 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     if explained is None:
         for c in cands[:3]:
             add_headroom(c, checker, err)
+    if explained is None and err is not None and err.kind == "index_oob":
+        n_, m_ = err.numbers["index"], err.numbers["size"]
+        notes.append(f"the error itself says: index {n_} into a buffer of {m_} rows, so the largest legal index there is "
+                     f"{m_ - 1} (over by {n_ - m_ + 1}); give the settings (--launch / --server-arg "
+                     "max_running_requests=..., disaggregation_decode_extra_slots=...) to name the buffer and check it")
     if explained is None and cands:
         notes.append("no candidate step breaks a rule the model knows: the crash is not explained by the "
                      "checker (the settings may be incomplete - pass --launch / --server-arg - or the cause is "

@@ -202,7 +202,8 @@ def render_diagnosis(diag, console) -> None:
     if diag.fixes:
         p("fix:")
         for f in diag.fixes:
-            p(f"  {f['flag']} {f['value']}  [{'verified' if f['verified'] else 'NOT verified'} by the checker] - {f['why']}")
+            tag = {True: "verified by the checker", False: "NOT verified by the checker", None: "advice"}[f["verified"]]
+            p(f"  {f['flag']} {f['value']}  [{tag}] - {f['why']}")
     others = [c for c in diag.candidates if c is not ex] if ex is not None else []
     if others:
         p("other candidates:")
