@@ -389,7 +389,7 @@ def schedule_reference(s: list[int] | np.ndarray, num_sm_parts: int, fixed_overh
 
 
 def _walk_prefix(C, P: int, F: int, total: int):
-    """The greedy walk over prefix sums ``C`` (a list, or a memoryview of an int64 array)."""
+    """The greedy walk over prefix sums ``C`` (a list of ints)."""
     QF = -(-total // P) + F
     starts: list[int] = []
     events: list[int] = []
@@ -401,6 +401,33 @@ def _walk_prefix(C, P: int, F: int, total: int):
         if end >= total:
             break
         r = bisect_right(C, end, r) - 1  # last request boundary at or before end (C[r] <= x)
+        c = C[r]
+        if c <= x or end - c > F:
+            x = end - F
+            add_event(r)
+        else:
+            x = c
+    return starts, events
+
+
+def _walk_prefix_windowed(C, P: int, F: int, total: int):
+    """:func:`_walk_prefix` over a long ``C`` read through a memoryview (each probe converts one
+    value): the binary search is confined to the requests that can start in ``(C[r], end]``, as
+    each takes at least ``1 + F`` units."""
+    QF = -(-total // P) + F
+    w_min = 1 + F
+    n_c = len(C)
+    starts: list[int] = []
+    events: list[int] = []
+    add_start, add_event = starts.append, events.append
+    x = r = c = 0
+    for _ in range(P):
+        add_start(x)
+        end = x + QF
+        if end >= total:
+            break
+        hi = r + (end - c) // w_min + 2
+        r = bisect_right(C, end, r, hi if hi < n_c else n_c) - 1
         c = C[r]
         if c <= x or end - c > F:
             x = end - F
@@ -462,24 +489,29 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
                         num_split_events=pr.num_events, last_split_request=pr.last_event())
     s = np.asarray(s, dtype=np.int64)
     b = s.shape[0]
+    w0 = 1 + F
     if b <= _SMALL_B:
-        w0 = 1 + F
         C = list(accumulate([(v - 1 if v > 1 else 0) // block + w0 for v in s.tolist()], initial=0))
-        view = prefix = C
+        prefix = C
+        total = C[b]
+        walk = _walk_prefix_short if b <= P else _walk_prefix
     else:
-        prefix = np.empty(b + 1, dtype=np.int64)
-        prefix[0] = 0
+        # n + F = max(ceil(s / block), 1) + F = max(floor((s + block - 1 + block * F) / block), 1 + F)
+        blocks = s + (block - 1 + block * F)
         if block == 64:
-            blocks = np.maximum(s, 1)
-            blocks -= 1
             blocks >>= 6
         else:
-            blocks = np.maximum(s - 1, 0) // block
-        blocks += 1 + F
+            blocks //= block
+        np.maximum(blocks, w0, out=blocks)
+        prefix = np.empty(b + 1, dtype=np.int64)
+        prefix[0] = 0
         np.cumsum(blocks, out=prefix[1:])
-        view = memoryview(prefix) if b > _MEMORYVIEW_RATIO * P else prefix.tolist()
-    total = int(view[b])
-    walk = _walk_prefix_short if b <= P else _walk_prefix
-    starts, events = walk(view, P, F, total)
+        total = int(prefix[b])
+        if b > _MEMORYVIEW_RATIO * P:
+            C, walk = memoryview(prefix), _walk_prefix_windowed
+        else:
+            C = prefix.tolist()
+            walk = _walk_prefix_short if b <= P else _walk_prefix
+    starts, events = walk(C, P, F, total)
     return Schedule(b, P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total,
                     prefix=prefix)
