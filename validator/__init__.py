@@ -8,6 +8,7 @@ Importable without torch. Main entry points::
     p = validator.plan(record, gpu="H200"); p.num_sm_parts, p.schedule.metadata
 """
 from .api import assert_legal, check, check_calls, plan
+from .checker import LEGAL, Checker, Headroom, Verdict, explain
 from .errors import BatchIllegalError, InputError
 from .knowledge import GPU, resolve_gpu
 from .report import Finding, Report
@@ -15,4 +16,5 @@ from .report import Finding, Report
 __version__ = "0.1.0"
 
 __all__ = ["check", "check_calls", "plan", "assert_legal", "Report", "Finding", "GPU", "resolve_gpu",
-           "InputError", "BatchIllegalError", "__version__"]
+           "InputError", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain",
+           "__version__"]

@@ -16,8 +16,11 @@ runs every rule, and proposes the minimal safe split when the batch is illegal.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from .calls import MAX_ROWS
 from .errors import InputError
@@ -61,6 +64,102 @@ class Request:
         if self.is_decode:
             return self.seq_len or 1
         return self.prefix_len + self.extend_tokens
+
+
+class RequestColumns(_SequenceABC):
+    """The requests of one forward held as columns, standing in for a tuple of :class:`Request`.
+
+    A scheduler step of thousands of requests arrives as a few per-request lists; building one
+    frozen object per request would cost more than checking the step. This sequence keeps the lists
+    and makes a :class:`Request` only when one is asked for (indexing, iteration, equality), so it
+    behaves exactly like the tuple it stands for, while the engine profiles read :meth:`arrays`.
+
+    ``ids``: request ids (``None``: ``r0, r1, ...``); ``extend`` / ``prefix``: extend tokens and
+    cached prefix per request (``prefix`` may be ``None``: all zero); ``seq``: sequence lengths
+    (read by decode entries only; ``None`` when there are none); ``slot``: ``req_pool_idx`` per
+    request or ``None``; requests at index ``decode_from`` and later are decode entries. The values
+    are trusted: callers validate them first.
+    """
+
+    __slots__ = ("ids", "extend", "prefix", "seq", "slot", "decode_from", "_n", "_arrays")
+
+    def __init__(self, n: int, ids=None, extend=None, prefix=None, seq=None, slot=None, decode_from: int | None = None):
+        self._n = n
+        self.ids = ids
+        self.extend = extend
+        self.prefix = prefix
+        self.seq = seq
+        self.slot = slot
+        self.decode_from = n if decode_from is None else decode_from
+        self._arrays = None
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _make(self, i: int) -> Request:
+        rid = str(self.ids[i]) if self.ids is not None else f"r{i}"
+        slot = int(self.slot[i]) if self.slot is not None else None
+        if i >= self.decode_from:
+            return Request(rid, 0, 0, int(self.seq[i]), slot, 0, True)
+        return Request(rid, int(self.extend[i]), int(self.prefix[i]) if self.prefix is not None else 0, None, slot, 0, False)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self._make(k) for k in range(*i.indices(self._n)))
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("request index out of range")
+        return self._make(i)
+
+    def __iter__(self):
+        return (self._make(i) for i in range(self._n))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (tuple, list, RequestColumns)):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
+
+    def __repr__(self) -> str:
+        return f"RequestColumns({self._n} requests, decode entries from {self.decode_from})"
+
+    def arrays(self) -> tuple:
+        """``(extend, prefix, context, is_decode)`` as numpy arrays, one entry per request.
+
+        ``context`` is :attr:`Request.context_len`: the sequence length (at least 1) of a decode
+        entry, prefix + extend tokens otherwise.
+        """
+        if self._arrays is None:
+            n, k = self._n, self.decode_from
+            ext = np.zeros(n, dtype=np.int64)
+            pre = np.zeros(n, dtype=np.int64)
+            if k:
+                ext[:k] = self.extend[:k]
+                if self.prefix is not None:
+                    pre[:k] = self.prefix[:k]
+            ctx = ext + pre
+            is_dec = np.zeros(n, dtype=bool)
+            if k < n:
+                ctx[k:] = np.maximum(np.asarray(self.seq[k:], dtype=np.int64), 1)
+                is_dec[k:] = True
+            self._arrays = (ext, pre, ctx, is_dec)
+        return self._arrays
+
+
+def request_arrays(reqs) -> tuple:
+    """``(extend, prefix, context, is_decode)`` numpy arrays of a request sequence (see RequestColumns)."""
+    arrays = getattr(reqs, "arrays", None)
+    if arrays is not None:
+        return arrays()
+    n = len(reqs)
+    ext = np.fromiter((r.extend_tokens for r in reqs), dtype=np.int64, count=n)
+    pre = np.fromiter((r.prefix_len for r in reqs), dtype=np.int64, count=n)
+    ctx = np.fromiter((r.context_len for r in reqs), dtype=np.int64, count=n)
+    is_dec = np.fromiter((r.is_decode for r in reqs), dtype=bool, count=n)
+    return ext, pre, ctx, is_dec
 
 
 @dataclass(frozen=True)

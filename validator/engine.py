@@ -14,12 +14,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .batch import Batch, Request
+from .batch import Batch, Request, request_arrays
 from .calls import DecodeCall, SparsePrefillCall
 from .errors import InputError
 from .knowledge import load
 from .plan import Plan, plan
-from .registry import run_rules
+from .registry import REGISTRY, rules_for
 from .report import Finding, Report
 
 
@@ -123,11 +123,30 @@ class BatchPlan:
         return d
 
 
+class _RowCount:
+    """Stands in for a per-row array in a call record: its ``tolist()`` is the summary text."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def tolist(self) -> str:
+        return f"[{self.n} per-row values]"
+
+
 def _call_summary(c: DerivedCall) -> dict:
-    rec = c.call.to_record()
-    for k in ("topk_length", "extra_topk_length"):
-        if k in rec:
-            rec[k] = f"[{len(rec[k])} per-row values]"
+    call = c.call
+    if isinstance(call, DecodeCall) and (call.topk_length is not None or call.extra_topk_length is not None):
+        # The record shows per-row arrays as a count; do not convert thousands of values to drop them.
+        light = object.__new__(DecodeCall)
+        light.__dict__.update(call.__dict__)
+        for k in ("topk_length", "extra_topk_length"):
+            v = light.__dict__[k]
+            if v is not None:
+                light.__dict__[k] = _RowCount(len(v))
+        call = light
+    rec = call.to_record()
     out = {"call": rec}
     if c.plan.num_sm_parts is not None:
         out["num_sm_parts"] = c.plan.num_sm_parts
@@ -144,9 +163,14 @@ def draft_tokens(batch: Batch) -> int:
 def forward_rows(batch: Batch) -> tuple[int, dict]:
     """Query rows ``T`` of the forward, with a breakdown per source."""
     mode = batch.forward_mode
+    columns = hasattr(batch.requests, "arrays")  # a RequestColumns step: read its columns, build no objects
     if mode in ("extend", "mixed"):
-        ext = sum(r.extend_tokens for r in batch.requests if not r.is_decode)
-        dec_in = sum(1 for r in batch.requests if r.is_decode)
+        if columns:
+            ext_a, _, _, is_dec = batch.requests.arrays()
+            ext, dec_in = int(ext_a[~is_dec].sum()), int(is_dec.sum())
+        else:
+            ext = sum(r.extend_tokens for r in batch.requests if not r.is_decode)
+            dec_in = sum(1 for r in batch.requests if r.is_decode)
         merged = len(batch.running) if batch.mixed else 0
         bd = {"extend_tokens": ext, "decode_rows_in_forward": dec_in, "merged_running_decodes": merged}
         total = ext + dec_in + merged
@@ -161,10 +185,17 @@ def forward_rows(batch: Batch) -> tuple[int, dict]:
         bd = {"requests": len(batch.requests), "draft_tokens": d}
     else:  # draft_extend
         d = draft_tokens(batch)
-        per = [r.extend_tokens or d for r in batch.requests]
-        if any(p <= 0 for p in per):
-            raise InputError("requests", "draft_extend needs extend_tokens per request or server_args.speculative_num_draft_tokens")
-        total = sum(per)
+        if columns:
+            ext_a = batch.requests.arrays()[0]
+            per_a = np.where(ext_a > 0, ext_a, d)
+            if per_a.shape[0] and int(per_a.min()) <= 0:
+                raise InputError("requests", "draft_extend needs extend_tokens per request or server_args.speculative_num_draft_tokens")
+            total = int(per_a.sum())
+        else:
+            per = [r.extend_tokens or d for r in batch.requests]
+            if any(p <= 0 for p in per):
+                raise InputError("requests", "draft_extend needs extend_tokens per request or server_args.speculative_num_draft_tokens")
+            total = sum(per)
         bd = {"requests": len(batch.requests), "tokens": total}
     if batch.padded_rows is not None and batch.padded_rows > total:
         bd["padding_rows"] = batch.padded_rows - total
@@ -172,22 +203,35 @@ def forward_rows(batch: Batch) -> tuple[int, dict]:
     return total, bd
 
 
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[i], starts[i] + counts[i])`` over i, without a Python loop."""
+    total = int(counts.sum()) if counts.shape[0] else 0
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.cumsum(counts) - counts          # position of each request's first row
+    return np.repeat(starts - first, counts) + np.arange(total, dtype=np.int64)
+
+
 def causal_lengths(batch: Batch, total: int) -> np.ndarray:
-    """Per query row, the number of KV tokens it attends to (causal), in row order."""
-    parts = []
+    """Per query row, the number of KV tokens it attends to (causal), in row order.
+
+    Request by request: a target-verify request has ``draft`` rows attending to ``context_len ..
+    context_len + draft - 1`` tokens; a decode entry one row attending to ``context_len``; an extend
+    request one row per new token, attending to ``prefix + 1 .. prefix + n``. Merged running decodes
+    follow; rows the engine pads with are 0.
+    """
     mode = batch.forward_mode
     d = draft_tokens(batch)
-    for r in batch.requests:
-        if mode == "target_verify":
-            parts.append(np.arange(r.context_len, r.context_len + d, dtype=np.int64))
-        elif r.is_decode:
-            parts.append(np.array([r.context_len], dtype=np.int64))
-        else:
-            n = r.extend_tokens or (d if mode == "draft_extend" else 0)
-            parts.append(np.arange(r.prefix_len + 1, r.prefix_len + n + 1, dtype=np.int64))
+    ext, pre, ctx, is_dec = request_arrays(batch.requests)
+    if mode == "target_verify":
+        starts, counts = ctx, np.full(ctx.shape[0], d, dtype=np.int64)
+    else:
+        n_ext = np.where(ext > 0, ext, d) if mode == "draft_extend" else ext
+        starts = np.where(is_dec, ctx, pre + 1)
+        counts = np.where(is_dec, 1, n_ext)
+    arr = _ranges(starts, counts)
     if batch.mixed:
-        parts.append(np.array([r.context_len for r in batch.running], dtype=np.int64))
-    arr = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        arr = np.concatenate([arr, np.array([r.context_len for r in batch.running], dtype=np.int64)])
     if arr.shape[0] < total:
         arr = np.concatenate([arr, np.zeros(total - arr.shape[0], dtype=np.int64)])
     return arr
@@ -212,6 +256,33 @@ def heads_per_rank(batch: Batch, defaults: dict) -> int:
     return defaults["h_q"]
 
 
+@lru_cache(maxsize=1024)
+def _shape_plan(gpu, kernel: str | None, h_q: int, d_qk: int, topk: int, extra_topk: int | None, page: int,
+                extra_page: int | None, label: str) -> Plan:
+    """The plan of a one-row sparse decode call of this shape.
+
+    ``plan()`` picks the implementation and ``num_sm_parts`` from the call's shape (path, heads,
+    head dimension, s_q) and the GPU, never from ``b`` or the per-row lengths, so a step's calls
+    reuse these and only their rows change (see :func:`_decode_plan`).
+    """
+    return plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, extra_topk=extra_topk,
+                           page=page, extra_page=extra_page, label=label), gpu, kernel)
+
+
+def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length) -> Plan:
+    """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
+    the shape's work: the same DecodeCall fields (dataclass fields only, no derived state) and the
+    same implementation and partitions."""
+    call = object.__new__(DecodeCall)
+    fields = call.__dict__
+    fields.update(shape.call.__dict__)
+    fields["b"] = b
+    fields["topk_length"] = topk_length
+    fields["extra_topk_length"] = extra_topk_length
+    fields["meta"] = {}
+    return Plan(call, shape.gpu, shape.gen, shape.implementation, shape.num_sm_parts)
+
+
 def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None) -> None:
     prof = load("engines")["profiles"]["sglang-dsv4"]
     dflt = prof["defaults"]
@@ -221,7 +292,7 @@ def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None) 
     threshold = version.get("sparse_prefill_threshold")
     routable = batch.forward_mode in ("extend", "mixed")
     routed = routable and threshold is not None and total > threshold
-    probe = plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=dflt["swa_topk"]), batch.gpu, kernel)
+    probe = _shape_plan(batch.gpu, kernel, h_q, d_qk, dflt["swa_topk"], None, 64, None, "")
     max_rows = probe.max_sched_rows
     bp.rows, bp.row_breakdown, bp.max_decode_rows = total, bd, max_rows
     if routed:
@@ -244,22 +315,23 @@ def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None) 
     lengths = None
     if 0 < total <= max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
         lengths = causal_lengths(batch, total)
+    b = max(total, 1)
+    topk = dflt["swa_topk"]
+    topk_length = np.minimum(lengths, topk) if lengths is not None else None
     for spec in prof["calls"]:
         r = spec["ratio"]
-        kw: dict = dict(kind="sparse", b=max(total, 1), s_q=1, h_q=h_q, d_qk=d_qk, topk=dflt["swa_topk"],
-                        page=dflt["page"], label=spec["name"])
-        if lengths is not None:
-            kw["topk_length"] = np.minimum(lengths, dflt["swa_topk"])
+        extra_topk = extra_page = extra_len = None
         if r == 4:
-            kw.update(extra_topk=dflt["c4_extra_topk"], extra_page=dflt["c4_extra_page"])
+            extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
             if lengths is not None:
-                kw["extra_topk_length"] = np.minimum(lengths // 4, dflt["c4_extra_topk"])
+                extra_len = np.minimum(lengths // 4, extra_topk)
         elif r == 128:
-            kw.update(extra_topk=c128_width, extra_page=dflt["c128_extra_page"])
+            extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
             if lengths is not None:
-                kw["extra_topk_length"] = np.minimum(lengths // 128, c128_width)
-        call = DecodeCall(**kw)
-        bp.calls.append(DerivedCall(spec["name"], call, plan(call, batch.gpu, kernel), "decode_kernel"))
+                extra_len = np.minimum(lengths // 128, extra_topk)
+        shape = _shape_plan(batch.gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
+        p = _decode_plan(shape, b, topk_length, extra_len)
+        bp.calls.append(DerivedCall(spec["name"], p.call, p, "decode_kernel"))
 
 
 # ----------------------------------------------------------------------------------- slots
@@ -342,12 +414,33 @@ def plan_batch(batch: Batch, kernel: str | None = None) -> BatchPlan:
     return bp
 
 
+@lru_cache(maxsize=None)
+def _rules_of(scope: str, num_registered: int) -> tuple:
+    return tuple(rules_for(scope))
+
+
+def _scope_rules(scope: str) -> tuple:
+    """``rules_for(scope)``, sorted and filtered once per registry size instead of on every call."""
+    return _rules_of(scope, len(REGISTRY))
+
+
+def _run(rules: tuple, subject) -> list[Finding]:
+    """``run_rules`` over an already selected tuple of rules (same order, same findings)."""
+    out: list[Finding] = []
+    for r in rules:
+        res = r.func(subject)
+        if res:
+            out.extend(res)
+    return out
+
+
 def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
     """Run the kernel rules on every derived call; one finding per distinct message, naming all calls."""
     merged: dict[tuple, list] = {}
     order = []
+    rules = _scope_rules("call")
     for dc in bp.calls:
-        for f in run_rules("call", dc.plan):
+        for f in _run(rules, dc.plan):
             key = (f.code, f.message)
             if key not in merged:
                 merged[key] = [f, []]
@@ -363,7 +456,7 @@ def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
 
 def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True) -> Report:
     bp = plan_batch(batch, kernel)
-    findings = _merge_call_findings(bp) + run_rules("batch", bp)
+    findings = _merge_call_findings(bp) + _run(_scope_rules("batch"), bp)
     report = Report(findings, [c.plan for c in bp.calls])
     report.context = {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
                                                   "requests": len(batch.requests), "running": len(batch.running)},

@@ -1,1 +1,187 @@
-"""pytest plugin (entry point ``validate_batch``): fixtures for engine test suites."""
+"""pytest plugin (entry point ``validate_batch``): assert in engine test suites that batches are legal.
+
+Installed with the package, so any test suite can use it without configuration::
+
+    def test_prefill_batches_fit(batch_validator):
+        batch = build_prefill_batch(...)                 # an SGLang ScheduleBatch, a vLLM
+        batch_validator.assert_legal(batch)              # SchedulerOutput, a Batch or a batch document
+
+    from validator.pytest_plugin import assert_batch_legal
+    assert_batch_legal(doc, engine="sglang-dsv4@0.5.10", gpu="H200", server_args={...})
+
+A failure lists every broken limit with its code, the numbers and the fix, then the minimal safe
+split, instead of a bare ``assert False``. ``assert report == LEGAL`` / ``assert verdict ==
+LEGAL`` comparisons are explained the same way.
+
+Configuration, most specific first: keyword arguments of the call; the
+``@pytest.mark.validate_batch(engine=..., gpu=..., server_args=...)`` marker; the ini options
+``validate_batch_engine`` and ``validate_batch_gpu``; the defaults ``sglang-dsv4`` on ``H200``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+ENGINE_KEYS = ("engine", "gpu", "server_args", "model", "buffers", "kernel")
+
+
+def _checker(**engine):
+    from .checker import Checker
+
+    unknown = set(engine) - set(ENGINE_KEYS)
+    if unknown:
+        raise TypeError(f"unknown engine setting(s) {', '.join(sorted(unknown))}; known: {', '.join(ENGINE_KEYS)}")
+    return Checker(**{k: v for k, v in engine.items() if v is not None})
+
+
+def _report(batch: Any, checker):
+    from .report import Report
+
+    if isinstance(batch, Report):
+        return batch
+    if hasattr(batch, "legal") and hasattr(batch, "report") and not isinstance(batch, type):  # a Verdict
+        return batch.report if batch.report is not None else Report([])
+    return checker.check(batch)
+
+
+def failure_message(report, what: str = "batch") -> str:
+    from .checker import explain
+
+    return explain(report, what=what)
+
+
+def assert_batch_legal(batch: Any, **engine):
+    """Fail the calling test, with the findings and the safe split, if ``batch`` is illegal.
+
+    ``batch``: an engine object, a :class:`~validator.batch.Batch`, a batch document, a Report or a
+    Verdict. ``engine``: ``engine``, ``gpu``, ``server_args``, ``model``, ``buffers``, ``kernel``
+    (a document's own fields win over these). Returns the report when legal.
+    """
+    report = _report(batch, _checker(**engine))
+    if not report.legal:
+        pytest.fail(failure_message(report), pytrace=False)
+    return report
+
+
+def assert_batch_illegal(batch: Any, *codes: str, **engine):
+    """Fail the calling test unless ``batch`` is illegal (and, if given, breaks every rule in ``codes``)."""
+    report = _report(batch, _checker(**engine))
+    if report.legal:
+        pytest.fail("expected an illegal batch, but it is legal", pytrace=False)
+    missing = sorted(set(c.upper() for c in codes) - {f.code for f in report.errors})
+    if missing:
+        pytest.fail(f"expected rule(s) {', '.join(missing)} to be broken; got:\n{failure_message(report)}",
+                    pytrace=False)
+    return report
+
+
+class BatchValidator:
+    """What the ``batch_validator`` fixture gives a test: checks against one engine configuration.
+
+    Calls may override the configuration with keyword arguments (``engine``, ``gpu``,
+    ``server_args``, ...). Checkers are built once per configuration and reused.
+    """
+
+    def __init__(self, **engine):
+        self.engine = {k: v for k, v in engine.items() if v is not None}
+        self._checkers: dict = {}
+
+    def checker(self, **overrides):
+        cfg = {**self.engine, **{k: v for k, v in overrides.items() if v is not None}}
+        key = repr(sorted(cfg.items()))
+        if key not in self._checkers:
+            self._checkers[key] = _checker(**cfg)
+        return self._checkers[key]
+
+    def check(self, batch: Any, **overrides):
+        """The full report (never fails the test)."""
+        return _report(batch, self.checker(**overrides))
+
+    def assert_legal(self, batch: Any, **overrides):
+        report = self.check(batch, **overrides)
+        if not report.legal:
+            pytest.fail(failure_message(report), pytrace=False)
+        return report
+
+    __call__ = assert_legal
+
+    def assert_illegal(self, batch: Any, *codes: str, **overrides):
+        return assert_batch_illegal(self.check(batch, **overrides), *codes)
+
+    def headroom(self, *args, **kwargs):
+        return self.checker().headroom(*args, **kwargs)
+
+
+# ----------------------------------------------------------------------------------- hooks
+def pytest_addoption(parser):
+    parser.addini("validate_batch_engine", "engine profile for the batch_validator fixture (e.g. sglang-dsv4@0.5.10)",
+                  default="sglang-dsv4")
+    parser.addini("validate_batch_gpu", "GPU for the batch_validator fixture", default="H200")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "validate_batch(engine=..., gpu=..., server_args=...): engine configuration of batch_validator")
+
+
+@pytest.fixture
+def batch_validator(request) -> BatchValidator:
+    """Checks batches against the test's engine configuration (marker, then ini options)."""
+    cfg: dict = {"engine": request.config.getini("validate_batch_engine") or "sglang-dsv4",
+                 "gpu": request.config.getini("validate_batch_gpu") or "H200"}
+    for mark in reversed(list(request.node.iter_markers("validate_batch"))):  # closest marker wins
+        unknown = set(mark.kwargs) - set(ENGINE_KEYS)
+        if unknown or mark.args:
+            raise pytest.UsageError(f"validate_batch marker takes keyword arguments {', '.join(ENGINE_KEYS)}; "
+                                    f"got {mark.args or sorted(unknown)}")
+        cfg.update(mark.kwargs)
+    return BatchValidator(**cfg)
+
+
+def _short(text: str, width: int = 110) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _compact(report) -> list[str]:
+    """A few short lines (pytest truncates long explanations unless -vv): codes, fixes, the split."""
+    errs = report.errors
+    lines = [f"batch is illegal: {', '.join(sorted({f.code for f in errs}))} (full account: validator.explain(report))"]
+    for f in errs[:3]:
+        lines.append(_short(f"{f.code}: {f.message}"))
+        if f.fix:
+            lines.append(_short(f"  fix: {f.fix}"))
+    sp = report.safe_split
+    if sp is not None:
+        if not sp.possible:
+            lines.append(_short(f"safe split: none - {sp.reason}"))
+        elif sp.steps is not None:
+            lines.append(_short("safe split: " + " | ".join(f"step {i}: {', '.join(st)}" for i, st in enumerate(sp.steps, 1))))
+        elif sp.chunked_steps is not None:
+            lines.append(_short(f"safe split: {len(sp.chunked_steps)} chunked step(s)"))
+    return lines
+
+
+def _explained(obj) -> list[str] | None:
+    from .checker import Verdict
+    from .report import Report
+
+    if isinstance(obj, Verdict) and not obj.legal:
+        return _compact(obj.report)
+    if isinstance(obj, Report) and not obj.legal:
+        return _compact(obj)
+    return None
+
+
+def pytest_assertrepr_compare(config, op, left, right):
+    """Explain ``assert <report or verdict> == LEGAL`` (or ``== True``) with the findings and the split."""
+    if op != "==":
+        return None
+    from .checker import LEGAL
+
+    for obj, other in ((left, right), (right, left)):
+        if other is LEGAL or other is True:
+            lines = _explained(obj)
+            if lines is not None:
+                return lines
+    return None

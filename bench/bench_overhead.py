@@ -1,0 +1,177 @@
+"""Per-step overhead of the pre-dispatch guard (``validator.Checker``), measured in one run.
+
+Steps (DeepSeek-V4 on SGLang, H200; per-request data drawn once with a fixed seed):
+
+* decode of 256 and of 1024 requests (sequence lengths 1024..16384, one slot each);
+* prefill of 8192 rows: 16 prompts x 512 new tokens (cached prefixes 0..2048), and, as an extra
+  row, one 8192-token prompt (the fewest requests, so the smallest baseline);
+* target verify of 64 requests x 4 draft tokens (256 rows).
+
+Columns:
+
+* ``baseline``: a bare Python loop over the step's requests calling a trivial function once per
+  request with that request's data (decode / verify: sequence length and slot; prefill: new tokens,
+  cached prefix and slot) - the least any per-request check written in Python can cost.
+* ``verdict``: ``Checker.verdict`` on the same lists (the fast path: no schedule, no report), and
+  ``verdict (engine object)`` on a stand-in SGLang ``ScheduleBatch`` holding the same data.
+* ``full``: ``Checker.check`` on the same lists: the full report, including the FlashMLA schedule of
+  every decode-kernel call (the benchmark asserts that the schedules were computed).
+* ``kernel``: device time of the real scheduling kernel for the same b on an H200 (median of 5,
+  configuration ``model1_h64_topk128_extra512``), from the recorded oracle. A DeepSeek-V4 forward
+  runs that kernel once per compression ratio (3 calls) and the full check plans all 3, so the
+  target compares ``full`` with 3 x kernel; the 1 x ratio is printed too.
+
+Targets: verdict / baseline <= 5, full / (3 x kernel) <= 1. Each time is the median of several
+repeats of many iterations. Run: ``python bench/bench_overhead.py [--quick]``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from validator import Checker  # noqa: E402
+
+ORACLE_NAMES = [ROOT / "fixtures" / "oracle" / "flashmla_h200_sched_kernel_timing.json",
+                ROOT.parent / "shared" / "oracle" / "flashmla_h200_sched_kernel_timing.json"]
+KERNEL_CONFIG = "model1_h64_topk128_extra512"
+VERDICT_TARGET = 5.0
+FULL_TARGET = 1.0
+CALLS_PER_FORWARD = 3
+
+
+def kernel_times() -> dict[int, float]:
+    for p in ORACLE_NAMES:
+        if p.is_file():
+            recs = json.loads(p.read_text())
+            return {r["b"]: r["median_us"] for r in recs if r["config"] == KERNEL_CONFIG}
+    raise SystemExit(f"scheduler kernel timing not found (looked in {', '.join(map(str, ORACLE_NAMES))})")
+
+
+def timed(fn, number: int, repeat: int) -> float:
+    """Median over ``repeat`` runs of the mean time of one call, in microseconds."""
+    runs = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        runs.append((time.perf_counter() - t0) / number * 1e6)
+    return statistics.median(runs)
+
+
+def trivial(*data):
+    return None
+
+
+class _Mode(Enum):  # stands in for SGLang's ForwardMode
+    EXTEND = 1
+    DECODE = 2
+    TARGET_VERIFY = 3
+
+
+def fake_schedule_batch(mode: str, rids, extend=None, prefix=None, seq=None, slots=None):
+    reqs = [SimpleNamespace(rid=r, req_pool_idx=s) for r, s in zip(rids, slots)]
+    fm = {"extend": _Mode.EXTEND, "decode": _Mode.DECODE, "target_verify": _Mode.DECODE}[mode]
+    spec = SimpleNamespace(is_none=lambda: mode != "target_verify")
+    return SimpleNamespace(forward_mode=fm, reqs=reqs, extend_lens=extend, prefix_lens=prefix, seq_lens_cpu=seq,
+                           seq_lens=seq, req_pool_indices=slots, decoding_reqs=None, spec_algorithm=spec)
+
+
+def scenarios(rng: random.Random):
+    out = []
+    for n in (256, 1024):
+        seq = [rng.randint(1024, 16384) for _ in range(n)]
+        out.append((f"decode {n} requests", n, "decode", dict(seq_lens=seq)))
+    for n, tok in ((16, 512), (1, 8192)):
+        ext = [tok] * n
+        pre = [rng.randint(0, 2048) for _ in range(n)]
+        out.append((f"prefill 8192 rows ({n} x {tok})", 8192, "extend", dict(extend_lens=ext, prefix_lens=pre)))
+    seq = [rng.randint(1024, 16384) for _ in range(64)]
+    out.append(("verify 64 x 4 rows", 256, "target_verify", dict(seq_lens=seq)))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer iterations (noisier)")
+    args = ap.parse_args(argv)
+    scale = 0.2 if args.quick else 1.0
+    rng = random.Random(20260429)
+    ktimes = kernel_times()
+    engine = "sglang-dsv4@pre-25418"
+    base_args = {"chunked_prefill_size": 8192, "max_running_requests": 1024}
+    checkers = {
+        False: Checker(engine=engine, gpu="H200", server_args=base_args),
+        True: Checker(engine=engine, gpu="H200", server_args={**base_args, "speculative_num_draft_tokens": 4}),
+    }
+    rows_out = []
+    all_ok = True
+    for label, b, mode, data in scenarios(rng):
+        chk = checkers[mode == "target_verify"]
+        n = len(data.get("seq_lens") or data.get("extend_lens"))
+        slots = list(range(1, n + 1))
+        rids = [f"req-{i}" for i in range(n)]
+        per_req = ([data["seq_lens"], slots] if "seq_lens" in data else [data["extend_lens"], data["prefix_lens"], slots])
+        obj = fake_schedule_batch(mode, rids, data.get("extend_lens"), data.get("prefix_lens"), data.get("seq_lens"), slots)
+
+        def baseline(cols=per_req):
+            for rec in zip(*cols):
+                trivial(*rec)
+
+        def verdict():
+            return chk.verdict(mode, req_pool_indices=slots, **data)
+
+        def verdict_obj():
+            return chk.verdict(obj)
+
+        def full():
+            return chk.check(mode, req_pool_indices=slots, rids=rids, **data)
+
+        # correctness of what is being timed: legal steps, and the full check really plans the schedule
+        assert verdict().legal and verdict_obj().legal
+        rep = full()
+        assert rep.legal and rep.context["query_rows"] == b, (label, rep.context.get("query_rows"))
+        decode_plans = [p for p in rep.plans if p.is_decode]
+        assert len(decode_plans) == CALLS_PER_FORWARD and all("schedule" in p.__dict__ for p in decode_plans)
+
+        fast_n = max(int(20000 * scale * 256 / max(n, 16)), 50)
+        full_n = max(int(2000 * scale * 256 / max(b, 256)), 10)
+        t_base = timed(baseline, fast_n, 7)
+        t_ver = timed(verdict, fast_n, 7)
+        t_obj = timed(verdict_obj, fast_n, 7)
+        t_full = timed(full, full_n, 7)
+        k = ktimes[b]
+        r_ver, r_obj = t_ver / t_base, t_obj / t_base
+        r_full3, r_full1 = t_full / (CALLS_PER_FORWARD * k), t_full / k
+        ok_v, ok_f = r_ver <= VERDICT_TARGET, r_full3 <= FULL_TARGET
+        all_ok &= ok_v and ok_f
+        rows_out.append((label, b, n, t_base, t_ver, t_obj, r_ver, r_obj, t_full, k, r_full3, r_full1, ok_v, ok_f))
+
+    print(f"validate-batch guard overhead - {engine} on H200, Python {sys.version.split()[0]}")
+    print(f"kernel: recorded H200 scheduler device time, config {KERNEL_CONFIG}; a forward runs it "
+          f"{CALLS_PER_FORWARD} times (one per compression ratio)")
+    hdr = (f"{'step':<30} {'b':>5} {'reqs':>4} {'base us':>8} {'verdict':>8} {'v/base':>6} {'obj':>7} {'o/base':>6} "
+           f"{'full us':>8} {'kern us':>8} {'full/3k':>7} {'full/1k':>7}  targets")
+    print(hdr)
+    print("-" * len(hdr))
+    for (label, b, n, t_base, t_ver, t_obj, r_ver, r_obj, t_full, k, r3, r1, ok_v, ok_f) in rows_out:
+        mark = f"verdict {'MET' if ok_v else 'MISSED'}, full {'MET' if ok_f else 'MISSED'}"
+        print(f"{label:<30} {b:>5} {n:>4} {t_base:>8.2f} {t_ver:>8.2f} {r_ver:>6.2f} {t_obj:>7.2f} {r_obj:>6.2f} "
+              f"{t_full:>8.1f} {k:>8.1f} {r3:>7.2f} {r1:>7.2f}  {mark}")
+    print(f"targets: verdict <= {VERDICT_TARGET:g} x baseline; full check <= {CALLS_PER_FORWARD} x kernel "
+          f"(full/3k <= {FULL_TARGET:g}); full/1k compares with one kernel call, for information")
+    print("all targets met" if all_ok else "some targets missed (see rows marked MISSED)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,343 @@
+"""Adapters from live engine objects (stand-ins with SGLang's and vLLM's attribute names) and the
+documented scheduler-loop snippets, run against them.
+
+Expected numbers from first principles: the decode kernel takes b <= (232448 - 4) // 20 rows on an
+H200; one query row per token.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import validator
+from validator import LEGAL, BatchIllegalError, Checker, InputError
+from validator.adapters import sglang_forward_mode, step_lists
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT = (232448 - 4) // 20
+PRE = "sglang-dsv4@pre-25418"
+
+
+class ForwardMode(enum.IntEnum):  # same member names as SGLang's enum
+    EXTEND = 1
+    DECODE = 2
+    MIXED = 3
+    IDLE = 4
+    TARGET_VERIFY = 5
+    DRAFT_EXTEND = 6
+    SPLIT_PREFILL = 7
+    PREBUILT = 8
+
+
+class FakeTensor:
+    """A device tensor: ``tolist()`` works, counting calls (a device sync in a real engine)."""
+
+    def __init__(self, values):
+        self.values = list(values)
+        self.reads = 0
+
+    def tolist(self):
+        self.reads += 1
+        return list(self.values)
+
+
+class Spec:
+    def __init__(self, name):
+        self.name = name
+
+    def is_none(self):
+        return self.name == "NONE"
+
+
+def req(rid, slot=None):
+    return SimpleNamespace(rid=rid, req_pool_idx=slot)
+
+
+def schedule_batch(mode, rids, extend=None, prefix=None, seq=None, slots=None, decoding=None, spec="NONE", cpu_seq=True):
+    slots = slots or [None] * len(rids)
+    b = SimpleNamespace(forward_mode=mode, reqs=[req(r, s) for r, s in zip(rids, slots)], spec_algorithm=Spec(spec),
+                        decoding_reqs=decoding, req_pool_indices=FakeTensor(s if s is not None else 0 for s in slots))
+    if extend is not None:
+        b.extend_lens = list(extend)
+        b.prefix_lens = list(prefix) if prefix is not None else [0] * len(extend)
+    if seq is not None:
+        b.seq_lens = FakeTensor(seq)
+        if cpu_seq:
+            b.seq_lens_cpu = FakeTensor(seq)
+    return b
+
+
+def seed_batch():
+    """Prefill batch, #new-seq: 3, #new-token: 12288, #running-req: 1 (the running decode not merged)."""
+    return schedule_batch(ForwardMode.EXTEND, ["p1", "p2", "p3"], extend=[4096] * 3, seq=[4096] * 3, slots=[1, 2, 3])
+
+
+SEED_ARGS = {"chunked_prefill_size": 16384, "enable_mixed_chunk": False, "max_running_requests": 64, "tp_size": 8}
+
+
+@pytest.fixture(scope="module")
+def pre():
+    return Checker(engine=PRE, gpu="H200", server_args=SEED_ARGS)
+
+
+# ------------------------------------------------------------------ SGLang
+def test_sglang_seed_batch_is_refused_with_the_split(pre):
+    v = pre.verdict(seed_batch())
+    assert not v and {"FMLA001", "SGL001"} <= set(v.report.codes)
+    assert v.report.context["query_rows"] == 3 * 4096
+    assert v.safe_split.steps == [["p1", "p2"], ["p3"]]
+    with pytest.raises(BatchIllegalError):
+        pre.assert_legal(seed_batch())
+
+
+def test_sglang_report_equals_the_document_report(pre):
+    a = pre.check(seed_batch())
+    b = validator.check({"engine": PRE, "gpu": "H200", "server_args": SEED_ARGS, "forward_mode": "extend",
+                         "requests": [{"id": f"p{i}", "extend_tokens": 4096, "req_pool_idx": i} for i in (1, 2, 3)]})
+    assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
+    assert a.safe_split.to_dict() == b.safe_split.to_dict()
+
+
+def test_sglang_legal_prefill_and_decode(pre):
+    assert pre.verdict(schedule_batch(ForwardMode.EXTEND, ["p1"], extend=[4096])) is LEGAL
+    dec = schedule_batch(ForwardMode.DECODE, [f"r{i}" for i in range(LIMIT)], seq=[900] * LIMIT)
+    assert pre.verdict(dec) is LEGAL
+    assert dec.seq_lens.reads == 0 and dec.seq_lens_cpu.reads == 0   # the fast path needs only the count
+    big = schedule_batch(ForwardMode.DECODE, [f"r{i}" for i in range(LIMIT + 1)], seq=[900] * (LIMIT + 1))
+    assert not Checker(engine=PRE, split=False).verdict(big)
+
+
+def test_sglang_prefers_cpu_sequence_lengths(pre):
+    b = schedule_batch(ForwardMode.DECODE, ["a", "b"], seq=[10, 20])
+    lists = step_lists(b, pre)
+    assert lists["seq_lens"] == [10, 20] and b.seq_lens.reads == 0 and b.seq_lens_cpu.reads == 1
+    nocpu = schedule_batch(ForwardMode.DECODE, ["a", "b"], seq=[10, 20], cpu_seq=False)
+    assert step_lists(nocpu, pre)["seq_lens"] == [10, 20] and nocpu.seq_lens.reads == 1
+
+
+def test_sglang_mixed_batch_counts_merged_decodes_once():
+    c = Checker(engine=PRE, server_args={"enable_mixed_chunk": True})
+    running = [req("d1", 9), req("d2", 10)]
+    ext = [5810, 5810, 1, 1]                       # SGLang appends the running decodes with length 1
+    b = schedule_batch(ForwardMode.MIXED, ["p1", "p2", "d1", "d2"], extend=ext, prefix=[0, 0, 1799, 50],
+                       decoding=running)
+    rep = c.check(b)
+    assert rep.context["query_rows"] == 5810 * 2 + 2 == LIMIT
+    assert rep.context["row_breakdown"]["decode_rows_in_forward"] == 2 and rep.legal
+    b.extend_lens = [5811, 5810, 1, 1]
+    v = c.verdict(b)
+    assert not v and v.report.context["query_rows"] == LIMIT + 1
+
+
+@pytest.mark.parametrize("bs,legal", [(LIMIT // 4, True), (LIMIT // 4 + 1, False)])
+def test_sglang_speculative_decode_is_checked_as_the_verify_forward(bs, legal):
+    c = Checker(engine=PRE, server_args={"speculative_num_draft_tokens": 4}, split=False)
+    b = schedule_batch(ForwardMode.DECODE, [f"r{i}" for i in range(bs)], seq=[500] * bs, spec="EAGLE")
+    assert sglang_forward_mode(b, 4) == "target_verify"
+    assert c.verdict(b).legal is legal
+    plain = schedule_batch(ForwardMode.DECODE, [f"r{i}" for i in range(bs)], seq=[500] * bs, spec="NONE")
+    assert c.verdict(plain) is LEGAL                  # bs <= LIMIT rows without speculation
+
+
+def test_sglang_mode_names_and_methods():
+    ns = lambda **kw: SimpleNamespace(forward_mode=kw.pop("fm"), reqs=[], **kw)  # noqa: E731
+    assert sglang_forward_mode(ns(fm=ForwardMode.SPLIT_PREFILL)) == "extend"
+    assert sglang_forward_mode(ns(fm=ForwardMode.IDLE)) is None
+    assert sglang_forward_mode(ns(fm="draft_extend")) == "draft_extend"
+
+    class MethodsOnly:
+        def is_idle(self):
+            return False
+
+        def is_target_verify(self):
+            return False
+
+        def is_draft_extend(self):
+            return False
+
+        def is_mixed(self):
+            return True
+
+        def is_decode(self):
+            return False
+
+        def is_extend(self):
+            return True
+    assert sglang_forward_mode(ns(fm=MethodsOnly())) == "mixed"
+    with pytest.raises(InputError) as ei:
+        sglang_forward_mode(ns(fm=ForwardMode.PREBUILT))
+    assert ei.value.field == "forward_mode"
+
+
+def test_sglang_idle_and_empty_batches_are_legal(pre):
+    assert pre.verdict(schedule_batch(ForwardMode.IDLE, [])) is LEGAL
+    assert pre.verdict(schedule_batch(ForwardMode.DECODE, [], seq=[])) is LEGAL
+    assert pre.check(schedule_batch(ForwardMode.IDLE, [])).legal
+
+
+def test_sglang_slots_read_from_requests_or_the_tensor():
+    c = Checker(engine="sglang-slots@pre-fix", server_args={
+        "max_running_requests": 32, "disaggregation_mode": "decode", "disaggregation_decode_extra_slots": 64,
+        "speculative_algorithm": "NEXTN", "speculative_num_draft_tokens": 4})
+    b = schedule_batch(ForwardMode.DRAFT_EXTEND, ["a", "b"], seq=[5000, 7000], slots=[3, 96])
+    v = c.verdict(b)
+    assert not v and "SLOT002" in v.report.codes and b.req_pool_indices.reads == 0
+    b2 = schedule_batch(ForwardMode.DECODE, ["a", "b"], seq=[5000, 7000])
+    b2.req_pool_indices = FakeTensor([3, 33])        # requests without req_pool_idx: read the tensor
+    assert not c.verdict(b2)
+    b2.req_pool_indices = FakeTensor([3, 32])
+    assert c.verdict(b2) is LEGAL
+
+
+def test_sglang_bad_lists_raise_input_error(pre):
+    b = schedule_batch(ForwardMode.EXTEND, ["a", "b"], extend=[10, -1])
+    with pytest.raises(InputError) as ei:
+        pre.verdict(b)
+    assert ei.value.field == "extend_lens[1]"
+    b = schedule_batch(ForwardMode.EXTEND, ["a", "b"], extend=[10])
+    with pytest.raises(InputError):
+        pre.verdict(b)
+
+
+def test_real_torch_tensors_if_available(pre):
+    torch = pytest.importorskip("torch")
+    b = schedule_batch(ForwardMode.DECODE, ["a", "b"], seq=[10, 20])
+    b.seq_lens_cpu = torch.tensor([10, 20], dtype=torch.int64)
+    rep = pre.check(b)
+    assert rep.legal and rep.context["query_rows"] == 2
+    assert pre.verdict("decode", seq_lens=torch.tensor([5, 6, 7])) is LEGAL
+
+
+# ------------------------------------------------------------------ vLLM
+def scheduler_output(tokens: dict, computed: dict, new=(), old_cached_form=False, total=None):
+    new_reqs = [SimpleNamespace(req_id=r, num_computed_tokens=computed[r]) for r in new]
+    cached_ids = [r for r in tokens if r not in new]
+    if old_cached_form:
+        cached = [SimpleNamespace(req_id=r, num_computed_tokens=computed[r]) for r in cached_ids]
+    else:
+        cached = SimpleNamespace(req_ids=cached_ids, num_computed_tokens=[computed[r] for r in cached_ids])
+    return SimpleNamespace(num_scheduled_tokens=dict(tokens), scheduled_new_reqs=new_reqs,
+                           scheduled_cached_reqs=cached,
+                           total_num_scheduled_tokens=sum(tokens.values()) if total is None else total)
+
+
+@pytest.mark.parametrize("old_form", [False, True])
+def test_vllm_step_rows_are_scheduled_tokens(pre, old_form):
+    toks = {"p1": 4096, "p2": 4096, "p3": 4096}
+    out = scheduler_output(toks, {"p1": 0, "p2": 0, "p3": 0}, new=("p1", "p2", "p3"), old_cached_form=old_form)
+    v = pre.verdict(out)
+    assert not v and v.report.context["query_rows"] == 12288
+    assert v.safe_split.steps == [["p1", "p2"], ["p3"]]
+    mixed = scheduler_output({"d1": 1, "d2": 1, "p1": 8000}, {"d1": 700, "d2": 90, "p1": 0}, new=("p1",),
+                             old_cached_form=old_form)
+    lists = step_lists(mixed, pre)
+    assert lists["forward_mode"] == "extend" and lists["prefix_lens"] == [700, 90, 0]
+    assert pre.verdict(mixed) is LEGAL
+
+
+def test_vllm_pure_decode_step(pre):
+    out = scheduler_output({"a": 1, "b": 1}, {"a": 10, "b": 20})
+    lists = step_lists(out, pre)
+    assert lists == {"forward_mode": "decode", "rids": ["a", "b"], "seq_lens": [11, 21]}
+    assert pre.verdict(out) is LEGAL
+
+
+def test_vllm_empty_and_inconsistent_outputs(pre):
+    assert pre.verdict(scheduler_output({}, {})) is LEGAL
+    with pytest.raises(InputError) as ei:
+        pre.verdict(scheduler_output({"a": 3}, {"a": 0}, new=("a",), total=4))
+    assert ei.value.field == "total_num_scheduled_tokens"
+    bad = scheduler_output({"a": 3}, {"a": 0}, new=("a",))
+    bad.scheduled_new_reqs = []
+    with pytest.raises(InputError):
+        pre.check(bad)
+
+
+def test_unknown_objects_are_input_errors(pre):
+    with pytest.raises(InputError) as ei:
+        pre.verdict(object())
+    assert ei.value.field == "batch"
+
+
+# ------------------------------------------------------------------ the documented snippets, run
+def snippets() -> dict[str, str]:
+    text = (ROOT / "docs_engine_guard.md").read_text(encoding="utf-8")
+    found = dict(re.findall(r"<!-- guard:([\w-]+) -->\s*```python\n(.*?)```", text, flags=re.S))
+    assert {"sglang-init", "sglang-step", "sglang-prevent", "vllm-init", "vllm-step", "vllm-prevent"} <= set(found)
+    return found
+
+
+class Capture(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _logger():
+    log = logging.getLogger("engine-under-test")
+    cap = Capture()
+    log.addHandler(cap)
+    return log, cap
+
+
+def test_documented_sglang_snippet_refuses_the_seed_batch_with_the_split():
+    code = snippets()
+    server_args = SimpleNamespace(**SEED_ARGS, attention_backend="dsv4")   # an engine settings object
+    scheduler = SimpleNamespace(max_running_requests=64, chunked_prefill_size=16384, max_prefill_tokens=16384)
+    log, cap = _logger()
+    scope = {"self": scheduler, "server_args": server_args, "logger": log}
+    exec(code["sglang-init"], scope)                                       # Scheduler.__init__
+    # The documented configuration for the seed crash: the build before sparse-prefill routing, H200.
+    assert scheduler.batch_guard.max_rows == LIMIT and scheduler.batch_guard.threshold is None
+
+    scope["batch"] = seed_batch()                                          # get_next_batch_to_run()
+    with pytest.raises(BatchIllegalError) as ei:
+        exec(code["sglang-step"], scope)
+    err = ei.value
+    assert {"FMLA001", "SGL001"} <= {f.code for f in err.findings}
+    assert err.safe_split.steps == [["p1", "p2"], ["p3"]]
+    assert cap.messages and "FMLA001" in cap.messages[-1] and "step 1: p1, p2" in cap.messages[-1]
+
+    scope["batch"] = schedule_batch(ForwardMode.EXTEND, ["p1"], extend=[4096], slots=[1])
+    exec(code["sglang-step"], scope)                                       # legal: run_batch goes ahead
+    scope["batch"] = None
+    exec(code["sglang-step"], scope)
+
+    exec(code["sglang-prevent"], scope)                                    # mixed chunking off: the full limit
+    assert scheduler.chunked_prefill_size == LIMIT and scheduler.max_prefill_tokens == LIMIT
+    # each prefill the scheduler can now form is legal
+    assert scheduler.batch_guard.verdict("extend", extend_lens=[4096, 4096, LIMIT - 8192]) is LEGAL
+
+
+def test_documented_sglang_prevention_with_mixed_chunking():
+    code = snippets()
+    server_args = SimpleNamespace(**{**SEED_ARGS, "enable_mixed_chunk": True})
+    scheduler = SimpleNamespace(max_running_requests=64, chunked_prefill_size=-1, max_prefill_tokens=16384)
+    scope = {"self": scheduler, "server_args": server_args, "logger": logging.getLogger("x")}
+    exec(code["sglang-init"], scope)
+    exec(code["sglang-prevent"], scope)
+    assert scheduler.chunked_prefill_size == LIMIT - 64 and scheduler.max_prefill_tokens == LIMIT - 64
+
+
+def test_documented_vllm_snippet_refuses_an_oversized_step():
+    code = snippets()
+    log, cap = _logger()
+    scope = {"logger": log, "max_num_batched_tokens": 16384}
+    exec(code["vllm-init"], scope)
+    scope["scheduler_output"] = scheduler_output({"a": 8192, "b": 4096}, {"a": 0, "b": 100}, new=("a", "b"))
+    with pytest.raises(BatchIllegalError) as ei:
+        exec(code["vllm-step"], scope)
+    assert ei.value.safe_split.steps == [["a"], ["b"]]
+    scope["scheduler_output"] = scheduler_output({"a": 8192}, {"a": 0}, new=("a",))
+    exec(code["vllm-step"], scope)
+    exec(code["vllm-prevent"], scope)
+    assert scope["max_num_batched_tokens"] == LIMIT

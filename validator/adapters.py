@@ -1,0 +1,284 @@
+"""Read one scheduler step out of a live engine object, duck-typed (neither engine is imported).
+
+SGLang ``ScheduleBatch`` (what ``Scheduler.get_next_batch_to_run`` returns, before ``run_batch``):
+
+* ``forward_mode``: an enum member whose ``name`` is EXTEND, MIXED, DECODE, TARGET_VERIFY,
+  DRAFT_EXTEND (or DRAFT_EXTEND_V2), SPLIT_PREFILL, IDLE, ...; objects with only ``is_idle()`` /
+  ``is_target_verify()`` / ``is_draft_extend()`` / ``is_mixed()`` / ``is_decode()`` / ``is_extend()``
+  methods and plain strings work too.
+* ``reqs`` (each with ``rid`` and ``req_pool_idx``), ``extend_lens`` and ``prefix_lens`` (lists, set
+  by ``prepare_for_extend``; under mixed chunking the running decodes are appended with extend
+  length 1 and listed again in ``decoding_reqs``), ``seq_lens`` (a tensor; ``seq_lens_cpu`` is
+  preferred when present, so no device sync is needed), ``req_pool_indices`` (a tensor; the
+  requests' own ``req_pool_idx`` is preferred for the same reason).
+* With speculative decoding (``spec_algorithm`` not NONE) a DECODE batch runs the target model as
+  a verify forward of ``batch size x speculative_num_draft_tokens`` rows: it is checked as one.
+
+vLLM ``SchedulerOutput`` (what ``Scheduler.schedule()`` returns):
+
+* ``num_scheduled_tokens`` (request id -> tokens this step, speculative tokens included),
+  ``total_num_scheduled_tokens``, ``scheduled_new_reqs`` (each with ``req_id`` and
+  ``num_computed_tokens``), ``scheduled_cached_reqs`` (``req_ids`` with a parallel
+  ``num_computed_tokens`` list; older releases: a list of objects with ``req_id`` and
+  ``num_computed_tokens``).
+* The step is one flattened forward: one query row per scheduled token. It is a decode step when
+  every request computes exactly one token on top of a computed prefix, an extend step otherwise.
+
+Values may be lists, tuples, numpy arrays or tensors (read through ``tolist()``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .batch import MAX_TOKENS
+from .errors import InputError
+
+SGLANG_MODES = {
+    "EXTEND": "extend", "PREFILL": "extend", "SPLIT_PREFILL": "extend",
+    "MIXED": "mixed",
+    "DECODE": "decode",
+    "TARGET_VERIFY": "target_verify",
+    "DRAFT_EXTEND": "draft_extend", "DRAFT_EXTEND_V2": "draft_extend",
+    "IDLE": None, "DUMMY_FIRST": None,
+}
+_MODE_METHODS = (("is_idle", None), ("is_target_verify", "target_verify"), ("is_draft_extend", "draft_extend"),
+                 ("is_mixed", "mixed"), ("is_decode", "decode"), ("is_extend", "extend"))
+
+
+def is_sglang_batch(obj: Any) -> bool:
+    return hasattr(obj, "forward_mode") and hasattr(obj, "reqs")
+
+
+def is_vllm_output(obj: Any) -> bool:
+    return hasattr(obj, "num_scheduled_tokens") and hasattr(obj, "scheduled_new_reqs")
+
+
+def _as_list(v: Any, where: str) -> list:
+    if isinstance(v, list):
+        return v
+    if isinstance(v, tuple):
+        return list(v)
+    tolist = getattr(v, "tolist", None)
+    if tolist is not None:
+        out = tolist()
+        if isinstance(out, list):
+            return out
+    raise InputError(where, f"expected a list or a 1-D tensor, got {type(v).__name__}")
+
+
+# ----------------------------------------------------------------------------------- SGLang
+def _spec_on(batch: Any) -> bool:
+    alg = getattr(batch, "spec_algorithm", None)
+    if alg is None:
+        return False
+    is_none = getattr(alg, "is_none", None)
+    if callable(is_none):
+        return not is_none()
+    name = getattr(alg, "name", alg)
+    return str(name).upper() not in ("NONE", "", "NULL")
+
+
+def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> str | None:
+    """The validator's forward mode of a ScheduleBatch (None: idle, nothing runs)."""
+    fm = batch.forward_mode
+    name = fm if isinstance(fm, str) else getattr(fm, "name", None)
+    if isinstance(name, str):
+        key = name.strip().upper()
+        if key not in SGLANG_MODES:
+            raise InputError("forward_mode", f"unknown SGLang forward mode {name!r}; known: {', '.join(SGLANG_MODES)}")
+        mode = SGLANG_MODES[key]
+    else:
+        for meth, m in _MODE_METHODS:
+            f = getattr(fm, meth, None)
+            if callable(f) and f():
+                mode = m
+                break
+        else:
+            raise InputError("forward_mode", f"cannot tell the forward mode of {fm!r}")
+    if mode == "decode" and draft_tokens > 0 and _spec_on(batch):
+        return "target_verify"
+    return mode
+
+
+def _merged_decodes(batch: Any, mode: str, n: int) -> int:
+    if mode != "mixed":
+        return 0
+    dec = getattr(batch, "decoding_reqs", None)
+    k = len(dec) if dec else 0
+    if k > n:
+        raise InputError("decoding_reqs", f"{k} merged decodes but only {n} requests in the batch")
+    return k
+
+
+def _extend_lens(batch: Any, n: int) -> list:
+    v = getattr(batch, "extend_lens", None)
+    if v is None:
+        return [r.extend_input_len for r in batch.reqs]
+    return _as_list(v, "extend_lens")
+
+
+def _seq_lens(batch: Any) -> list:
+    v = getattr(batch, "seq_lens_cpu", None)
+    if v is None:
+        v = getattr(batch, "seq_lens", None)
+    if v is None:
+        return [r.seqlen for r in batch.reqs]
+    return _as_list(v, "seq_lens")
+
+
+def _slots(batch: Any) -> list:
+    slots = [getattr(r, "req_pool_idx", None) for r in batch.reqs]
+    if None in slots:
+        v = getattr(batch, "req_pool_indices", None)
+        if v is None:
+            raise InputError("req_pool_indices", "missing: neither the requests nor the batch name their slots")
+        slots = _as_list(v, "req_pool_indices")
+    return slots
+
+
+def sglang_lists(batch: Any, checker) -> dict | None:
+    """The step as ``Checker`` keyword arguments (``forward_mode`` plus per-request lists); None if idle."""
+    mode = sglang_forward_mode(batch, checker.draft_tokens)
+    reqs = batch.reqs
+    n = len(reqs)
+    if mode is None or n == 0:
+        return None
+    out: dict = {"forward_mode": mode, "rids": [str(r.rid) for r in reqs]}
+    if mode in ("extend", "mixed") or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
+        out["extend_lens"] = _extend_lens(batch, n)
+        pre = getattr(batch, "prefix_lens", None)
+        if pre is not None:
+            out["prefix_lens"] = _as_list(pre, "prefix_lens")
+        else:
+            out["seq_lens"] = _seq_lens(batch)
+        out["num_merged_decodes"] = _merged_decodes(batch, mode, n)
+    else:
+        out["seq_lens"] = _seq_lens(batch)
+    if checker.has_slots:
+        out["req_pool_indices"] = _slots(batch)
+    return out
+
+
+def _sglang_fast(batch: Any, checker) -> tuple | None:
+    from .checker import _column
+
+    mode = sglang_forward_mode(batch, checker.draft_tokens)
+    reqs = batch.reqs
+    n = len(reqs)
+    if mode is None or n == 0:
+        return None
+    ext, k = None, 0
+    if mode in ("extend", "mixed") or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
+        ext = _column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
+        k = _merged_decodes(batch, mode, n)
+    rows = checker._rows(mode, n, ext, k, None)
+    max_slot = None
+    if checker.has_slots:
+        slots = _column(_slots(batch), "req_pool_indices", 0, 1 << 31, n)
+        max_slot = checker._max_slot(slots)
+    return mode, rows, max_slot
+
+
+# ----------------------------------------------------------------------------------- vLLM
+def _computed_tokens(out: Any) -> dict:
+    computed: dict = {}
+    for r in out.scheduled_new_reqs or ():
+        computed[r.req_id] = r.num_computed_tokens
+    cached = getattr(out, "scheduled_cached_reqs", None)
+    if cached is None:
+        return computed
+    if hasattr(cached, "req_ids"):
+        ids = list(cached.req_ids)
+        nums = _as_list(cached.num_computed_tokens, "scheduled_cached_reqs.num_computed_tokens")
+        if len(ids) != len(nums):
+            raise InputError("scheduled_cached_reqs", f"{len(ids)} req_ids but {len(nums)} num_computed_tokens")
+        computed.update(zip(ids, nums))
+    else:
+        for c in cached:
+            computed[c.req_id] = c.num_computed_tokens
+    return computed
+
+
+def _vllm_tokens(out: Any) -> tuple[list, list]:
+    nst = out.num_scheduled_tokens
+    if not hasattr(nst, "keys"):
+        raise InputError("num_scheduled_tokens", f"expected a mapping of request id -> tokens, got {type(nst).__name__}")
+    rids, toks = list(nst.keys()), list(nst.values())
+    total = getattr(out, "total_num_scheduled_tokens", None)
+    if total is not None and toks and sum(toks) != total:
+        raise InputError("total_num_scheduled_tokens",
+                         f"expected the sum of num_scheduled_tokens ({sum(toks)}), got {total!r}")
+    return rids, toks
+
+
+def _vllm_mode(toks: list, prefix: list) -> str:
+    if max(toks) == 1 and min(toks) == 1 and min(prefix) > 0:
+        return "decode"
+    return "extend"
+
+
+def vllm_lists(out: Any, checker) -> dict | None:
+    rids, toks = _vllm_tokens(out)
+    if not rids:
+        return None
+    computed = _computed_tokens(out)
+    missing = [r for r in rids if r not in computed]
+    if missing:
+        raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
+                         f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
+    prefix = [computed[r] for r in rids]
+    from .checker import _column
+
+    toks = _column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
+    prefix = _column(prefix, "num_computed_tokens", 0, 1 << 31, len(toks))
+    ids = [str(r) for r in rids]
+    if _vllm_mode(toks, prefix) == "decode":
+        return {"forward_mode": "decode", "rids": ids, "seq_lens": [p + 1 for p in prefix]}
+    return {"forward_mode": "extend", "rids": ids, "extend_lens": toks, "prefix_lens": prefix}
+
+
+def _vllm_fast(out: Any, checker) -> tuple | None:
+    from .checker import _column
+
+    rids, toks = _vllm_tokens(out)
+    if not rids:
+        return None
+    toks = _column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
+    mode = "extend"
+    if checker.threshold is not None:  # decode or extend matters only where extend forwards are routed
+        lists = vllm_lists(out, checker)
+        mode = lists["forward_mode"]
+    return mode, sum(toks), None
+
+
+# ----------------------------------------------------------------------------------- dispatch
+def step_lists(obj: Any, checker) -> dict | None:
+    """An engine object's step as ``Checker`` keyword arguments; None when nothing runs."""
+    if is_sglang_batch(obj):
+        return sglang_lists(obj, checker)
+    if is_vllm_output(obj):
+        return vllm_lists(obj, checker)
+    raise InputError("batch", f"expected an SGLang ScheduleBatch, a vLLM SchedulerOutput, a Batch, a batch document "
+                              f"or a forward mode with per-request lists, got {type(obj).__name__}")
+
+
+def fast_step(obj: Any, checker) -> tuple | None:
+    """``(forward mode, query rows, largest slot)`` of an engine object, read as cheaply as possible."""
+    if is_sglang_batch(obj):
+        return _sglang_fast(obj, checker)
+    if is_vllm_output(obj):
+        return _vllm_fast(obj, checker)
+    step_lists(obj, checker)  # raises the InputError
+    return None
+
+
+def to_batch(obj: Any, checker):
+    """The :class:`~validator.batch.Batch` a checker builds for an engine object (None when idle)."""
+    lists = step_lists(obj, checker)
+    if lists is None:
+        return None
+    return checker.batch(lists.pop("forward_mode"), **lists)
+
+
+__all__ = ["is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
+           "fast_step", "to_batch", "SGLANG_MODES"]
