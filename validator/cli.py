@@ -100,6 +100,8 @@ def metadata(
 
     try:
         docs, g = _calls_and_gpu(load_documents(file), gpu)
+        if not docs:
+            raise InputError("FILE", "no call records")
         calls = calls_from_records(docs)
         plans = [make_plan(c, g, kernel) for c in calls]
     except InputError as e:
