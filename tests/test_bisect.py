@@ -277,3 +277,9 @@ def test_slot_error_without_settings_still_reads_the_message():
     diag = diagnose(ev, build_config(ev, None, None), None)
     assert diag.explained is None
     assert any("largest legal index there is 32 (over by 64)" in n for n in diag.notes)
+
+
+def test_settings_that_contradict_the_log_are_flagged():
+    # The log shows a 12288-token prefill; a chunk budget of 8192 cannot have produced it.
+    diag = run("sglang-dsv4-prefill-12288.log", server_args=["chunked_prefill_size=8192"])
+    assert any("12288 new tokens" in n and "do not match" in n for n in diag.notes)

@@ -824,6 +824,7 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
         _cross_check(explained, err, notes)
     if evidence is not None:
         _survival_check(evidence, explained, after, notes)
+        _budget_check(evidence, b, notes)
     if err is None and evidence is not None:
         notes.append("no error line found: the log may end before the crash; the verdicts are for the last steps logged")
     diag = Diagnosis(engine or "sglang", profile, err, after, vbasis, cands, explained, fixes, cfg, evidence, dump, notes)
@@ -874,6 +875,18 @@ def _survival_check(ev: LogEvidence, c: Candidate | None, after: bool | None, no
     if big is not None and big.new_token and big.new_token > c.boundary.largest_legal and c.kind == "prefill":
         notes.append(f"line {big.line_no}: a prefill of {big.new_token} new tokens completed, above the model's "
                      f"boundary {c.boundary.largest_legal}: the engine version or settings differ from those assumed")
+
+
+def _budget_check(ev: LogEvidence, b: Builder, notes: list[str]) -> None:
+    """A logged prefill larger than the chunk budget means the settings given are not the server's."""
+    budget, bsrc = b.budget()
+    if budget is None:
+        return
+    big = max((tl.largest_prefill for tl in ev.ranks.values() if tl.largest_prefill is not None),
+              key=lambda s: s.new_token or 0, default=None)
+    if big is not None and (big.new_token or 0) > budget:
+        notes.append(f"line {big.line_no}: a prefill of {big.new_token} new tokens on {big.rank} is larger than the "
+                     f"budget {bsrc}: the settings given do not match this server's")
 
 
 def _candidates_without_steps(b: Builder, cfg: EngineConfig, err: ErrorEvent | None, dump: CrashDump | None,
