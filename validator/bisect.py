@@ -626,13 +626,12 @@ def evaluate(c: Candidate, checker: Checker, err: ErrorEvent | None) -> None:
         return   # its headroom is only bisected when nothing explains the crash (see add_headroom)
     tcodes = set(c.codes) or targets or None
     c.boundary = find_boundary(lambda v: c.make(v, ver), checker, 1, at, tcodes, c.quantity)
-    if verdict != "legal":
-        try:
-            full = checker(c.batch, split=True)
-            if full.safe_split is not None:
-                c.safe_split = full.safe_split.to_dict() if hasattr(full.safe_split, "to_dict") else full.safe_split
-        except InputError:
-            pass
+    try:
+        full = checker(c.batch, split=True)
+        if full.safe_split is not None:
+            c.safe_split = full.safe_split.to_dict() if hasattr(full.safe_split, "to_dict") else full.safe_split
+    except InputError:
+        pass
 
 
 # ------------------------------------------------------------------------------------ fixes
