@@ -97,6 +97,13 @@ PROBE_KEYS = ("kind", "b", "s_q", "h_q", "d_qk", "topk", "topk_length", "extra_t
               "extra_page", "seqlens")
 
 
+def _lengths_out_of_range(p: dict) -> bool:
+    for lengths, width in (("topk_length", "topk"), ("extra_topk_length", "extra_topk")):
+        if p.get(lengths) is not None and any(not 0 <= x <= p[width] for x in p[lengths]):
+            return True
+    return False
+
+
 def test_oracle_probe_outcomes(gpu_detection):
     """Outcome classes (and the OK line) of a spread of the recorded limit probes."""
     probes = _oracle("flashmla_h200_probes.jsonl")
@@ -108,6 +115,11 @@ def test_oracle_probe_outcomes(gpu_detection):
     mismatches = []
     for p, e in zip(wanted, res["calls"]):
         k = e["kernel"]
+        if _lengths_out_of_range(p):
+            # Undefined behaviour: whether reading past the row faults depends on the data around it
+            # (the recorded run faulted). The verdict must still be "illegal" and never disagree.
+            assert e["model"]["verdict"] == "illegal" and e["agreement"] in ("agree", "agree_ub"), e
+            continue
         if k["oracle_outcome"] != p["outcome"]:
             mismatches.append((p["b"], p.get("h_q"), p.get("topk"), p["outcome"], k["outcome"], k["message"]))
         elif p["outcome"] == "process_exit":

@@ -274,6 +274,21 @@ def test_bisect_endpoints_and_inconclusive():
     assert bisect(1, 100, flaky).status == "inconclusive"
 
 
+def test_bisect_seeded_with_the_model_boundary_finds_the_first_transition():
+    # Like the o_accum limit at s_q=8, h_q=128, topk=2048: illegal runs of 4 every 8 values from 4675,
+    # and legal again at the top of the range (8192 measured ok on the H200).
+    illegal = {b for b in range(4675, 6000) if (b - 4675) % 8 < 4}
+
+    def measure(values, reasons):
+        return {v: "illegal" if v in illegal else "legal" for v in values}
+
+    assert bisect(1, 8192, measure, 4).status == "hi_legal"          # unseeded: nothing to bisect
+    res = bisect(1, 8192, measure, 4, seeds={4674: "model", 4675: "model", 4679: "model"})
+    assert (res.status, res.last_legal, res.first_illegal) == ("found", 4674, 4675)
+    res = bisect(1, 8192, measure, 1, seeds={4995: "a guess"})     # a seed inside a later illegal run
+    assert res.status == "found" and res.first_illegal in illegal and res.last_legal not in illegal
+
+
 def test_bisect_on_non_monotonic_still_ends_on_a_transition():
     illegal = {b for b in range(4675, 6000) if (b - 4675) % 8 < 4}   # islands of legality
 

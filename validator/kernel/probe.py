@@ -8,8 +8,9 @@ adjacent. It does not assume monotonicity silently:
 * the model's verdict is computed for every value of the range (cheap) and the result says whether
   the model itself predicts legality to be non-monotonic (the 32-bit o_accum limit is: whether the
   last partition splits a request depends on how b divides into partitions);
-* after the search, the model's own first-illegal boundary (and, when non-monotonic, the first value
-  where it predicts legality again) is probed too;
+* the model's own first-illegal boundary (and, when non-monotonic, the first value where it predicts
+  legality again) is probed in the first round with the end points, and the search runs below the
+  lowest value measured illegal;
 * every probe is reported with the model's prediction beside it, and any measured legal value above
   a measured illegal one is listed as non-monotonic evidence.
 """
@@ -172,22 +173,33 @@ class SearchResult:
     measured: dict               # value -> (verdict, RunResult | None)
 
 
-def bisect(lo: int, hi: int, measure: Callable[[Sequence[int], str], dict], max_parallel: int = 1) -> SearchResult:
-    """Search ``[lo, hi]`` for adjacent values (legal, illegal); ``measure(values, reason)`` -> {v: verdict}.
+def bisect(lo: int, hi: int, measure: Callable[[Sequence[int], Any], dict], max_parallel: int = 1,
+           seeds: dict | None = None) -> SearchResult:
+    """Search ``[lo, hi]`` for adjacent values (legal, illegal); ``measure(values, reasons)`` -> {v: verdict}.
 
-    Each round probes up to ``max_parallel`` points between the current legal/illegal pair and keeps
-    the lowest illegal point and the highest legal point below it. Inconclusive points are dropped;
-    a round with only inconclusive points ends the search as ``inconclusive``.
+    The first round measures ``lo``, ``hi`` and the ``seeds`` (value -> reason, e.g. the model's own
+    boundary) together. The search then runs below the *lowest* value measured illegal, from the
+    highest value measured legal under it, so a failure that comes back and goes away again above
+    (non-monotonic legality) cannot hide the first transition when a seed lands near it. Each round
+    probes up to ``max_parallel`` points and keeps the lowest illegal point and the highest legal
+    point below it. Inconclusive points are dropped; a round with only inconclusive points ends the
+    search as ``inconclusive``.
     """
-    seen: dict[int, str] = {}
-    seen.update(measure([lo, hi] if hi != lo else [lo], "endpoint"))
+    first = {lo: "endpoint", hi: "endpoint"}
+    for v, why in (seeds or {}).items():
+        if lo < v < hi:
+            first.setdefault(v, why)
+    seen: dict[int, str] = dict(measure(list(first), first))
     if seen.get(lo) == "illegal":
         return SearchResult("lo_illegal", None, lo, seen)
-    if seen.get(hi) == "legal":
-        return SearchResult("hi_legal", hi, None, seen)
-    if seen.get(lo) != "legal" or seen.get(hi) != "illegal":
+    if seen.get(lo) != "legal":
         return SearchResult("inconclusive", None, None, seen)
-    a, b = lo, hi
+    illegal = sorted(v for v, verdict in seen.items() if verdict == "illegal")
+    if not illegal:
+        status = "hi_legal" if seen.get(hi) == "legal" else "inconclusive"
+        return SearchResult(status, hi if status == "hi_legal" else None, None, seen)
+    b = illegal[0]
+    a = max(v for v, verdict in seen.items() if verdict == "legal" and v < b)
     while b - a > 1:
         pts = spaced_points(a, b, max(1, max_parallel))
         got = measure(pts, "search")
@@ -195,9 +207,9 @@ def bisect(lo: int, hi: int, measure: Callable[[Sequence[int], str], dict], max_
         decided = [p for p in pts if got.get(p) in ("legal", "illegal")]
         if not decided:
             return SearchResult("inconclusive", a, b, seen)
-        illegal = [p for p in decided if got[p] == "illegal"]
-        if illegal:
-            b = min(illegal)
+        bad = [p for p in decided if got[p] == "illegal"]
+        if bad:
+            b = min(bad)
         legal_below = [p for p in decided if got[p] == "legal" and p < b]
         if legal_below:
             a = max(a, max(legal_below))
@@ -266,7 +278,7 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
 
     probes: dict[int, Probe] = {}
 
-    def run_values(values: Sequence[int], reason: str) -> dict:
+    def run_values(values: Sequence[int], reasons: Any) -> dict:
         values = [v for v in dict.fromkeys(values) if v not in probes]
         if not values:
             return {}
@@ -285,6 +297,7 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
         out = {}
         for v, r in zip(values, results):
             mv, codes = verdict_of(v)
+            reason = reasons.get(v, "search") if isinstance(reasons, dict) else reasons
             p = Probe(v, r.verdict, r.outcome, r.message if not r.is_ok else r.payload.get("message", ""),
                       r.elapsed_s, mv, codes, reason)
             probes[v] = p
@@ -293,15 +306,13 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
                 progress(p)
         return out
 
-    search = bisect(lo, hi, run_values, max_parallel)
-    extra = []
+    seeds: dict[int, str] = {}
     if scan.first_illegal is not None and scan.first_illegal > lo:
-        extra += [scan.first_illegal - 1, scan.first_illegal]
+        seeds[scan.first_illegal - 1] = "model-boundary"
+        seeds[scan.first_illegal] = "model-boundary"
     if scan.legal_again:
-        extra.append(scan.legal_again[0])
-    extra = [v for v in extra if lo <= v <= hi and v not in probes]
-    if extra:
-        run_values(extra, "model-boundary")
+        seeds[scan.legal_again[0]] = "model-legal-again"
+    search = bisect(lo, hi, run_values, max_parallel, seeds)
     ordered = sorted(probes.values(), key=lambda p: p.value)
     pairs = non_monotonic_pairs(ordered)
     measured_pair = None
