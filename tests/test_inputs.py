@@ -181,8 +181,6 @@ def test_parse_errors_name_the_line(text, where):
     assert where in str(e.value)
 
 
-@pytest.mark.xfail(strict=True, reason="a pretty-printed JSON object with a syntax error is reported at line 1 "
-                                       "(the JSON Lines fallback fails on its first line) instead of the real line")
 def test_parse_error_in_pretty_printed_json_names_the_real_line():
     with pytest.raises(InputError) as e:
         parse_documents('{\n  "kind": "sparse",\n  "b": 2,,\n  "s_q": 1\n}\n')

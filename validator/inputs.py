@@ -42,7 +42,14 @@ def parse_documents(text: str, name: str = "<input>") -> list[Any]:
         return doc if isinstance(doc, list) else [doc]
     except json.JSONDecodeError as first_err:
         lines = [ln for ln in stripped.splitlines()]
-        if stripped[0] in "{[" and len(lines) > 1:
+        first_is_record = False
+        if len(lines) > 1:
+            try:
+                json.loads(lines[0])
+                first_is_record = True
+            except json.JSONDecodeError:
+                pass
+        if stripped[0] in "{[" and first_is_record:
             docs = []
             for no, ln in enumerate(lines, 1):
                 if not ln.strip():
