@@ -292,6 +292,7 @@ def test_bad_input_in_second_record_names_its_index():
     ('{"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "topk": 128}\n{"kind": "sparse", "b": 2,,}\n', 2),
     ('{"kind": "sparse", "b": 2}\n{"kind": "sparse"}\n{"b": 3 "s_q": 1}\n', 3),
     ('[{"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "topk": 128},]', 1),
+    ('{\n  "kind": "sparse",\n  "b": 2,\n  "s_q": 1,,\n  "h_q": 64\n}\n', 4),    # pretty-printed
 ])
 def test_invalid_json_reports_the_line(text, line):
     r = invoke(["check", "-"], text)
