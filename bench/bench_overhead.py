@@ -21,15 +21,15 @@ Columns:
   runs that kernel once per compression ratio (3 calls) and the full check plans all 3, so the
   target compares ``full`` with 3 x kernel; the 1 x ratio is printed too.
 
-Targets: verdict / baseline <= 5, full / (3 x kernel) <= 1. Each time is the median of several
-repeats of many iterations. Run: ``python bench/bench_overhead.py [--quick]``.
+Targets: verdict / baseline <= 5, full / (3 x kernel) <= 1. Each time is the best of 9 rounds of
+many iterations, the rounds interleaving the four measurements of a step so that background load
+hits them alike. Run: ``python bench/bench_overhead.py [--quick]``.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import random
-import statistics
 import sys
 import time
 from enum import Enum
@@ -57,15 +57,18 @@ def kernel_times() -> dict[int, float]:
     raise SystemExit(f"scheduler kernel timing not found (looked in {', '.join(map(str, ORACLE_NAMES))})")
 
 
-def timed(fn, number: int, repeat: int) -> float:
-    """Median over ``repeat`` runs of the mean time of one call, in microseconds."""
-    runs = []
+def timed(fns: dict, numbers: dict, repeat: int) -> dict:
+    """Per function, the best (minimum) over ``repeat`` rounds of the mean time of one call, in
+    microseconds. Rounds interleave the functions, so background load hits them alike."""
+    best = {k: float("inf") for k in fns}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t0) / number * 1e6)
-    return statistics.median(runs)
+        for k, fn in fns.items():
+            number = numbers[k]
+            t0 = time.perf_counter()
+            for _ in range(number):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - t0) / number * 1e6)
+    return best
 
 
 def trivial(*data):
@@ -144,11 +147,10 @@ def main(argv=None) -> int:
         assert len(decode_plans) == CALLS_PER_FORWARD and all("schedule" in p.__dict__ for p in decode_plans)
 
         fast_n = max(int(20000 * scale * 256 / max(n, 16)), 50)
-        full_n = max(int(2000 * scale * 256 / max(b, 256)), 10)
-        t_base = timed(baseline, fast_n, 7)
-        t_ver = timed(verdict, fast_n, 7)
-        t_obj = timed(verdict_obj, fast_n, 7)
-        t_full = timed(full, full_n, 7)
+        full_n = max(int(1000 * scale * 256 / max(b, 256)), 10)
+        t = timed({"base": baseline, "verdict": verdict, "obj": verdict_obj, "full": full},
+                  {"base": fast_n, "verdict": fast_n, "obj": fast_n, "full": full_n}, 9)
+        t_base, t_ver, t_obj, t_full = t["base"], t["verdict"], t["obj"], t["full"]
         k = ktimes[b]
         r_ver, r_obj = t_ver / t_base, t_obj / t_base
         r_full3, r_full1 = t_full / (CALLS_PER_FORWARD * k), t_full / k

@@ -110,6 +110,8 @@ def test_legal_verdict_is_the_shared_constant(pre):
     assert pre.assert_legal("decode", seq_lens=[100, 200]) is LEGAL
     with pytest.raises(AttributeError):
         LEGAL.legal = False
+    with pytest.raises(AttributeError):
+        pre.max_rows = 20000
 
 
 @pytest.mark.parametrize("rows", [LIMIT - 1, LIMIT, LIMIT + 1])
@@ -372,3 +374,17 @@ def test_explain_renders_codes_fixes_and_split(pre):
     assert "step 1: p1, p2" in text and "step 2: p3" in text
     chunked = validator.explain(pre.verdict("extend", extend_lens=[12000], rids=["long"]).report)
     assert f"long[0:{LIMIT}]" in chunked and f"long[{LIMIT}:12000]" in chunked
+
+
+def test_verdict_and_check_accept_batches_and_documents(pre):
+    from validator.batch import batch_from_dict
+
+    doc = {"engine": PRE, "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": LIMIT + 1}]}
+    b = batch_from_dict(doc)
+    assert not pre.verdict(b) and not pre.verdict(doc) and not pre.check(b).legal
+    small = {"forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": LIMIT}]}
+    assert pre.verdict(small) is LEGAL and pre.assert_legal(small) is LEGAL
+    with pytest.raises(BatchIllegalError):
+        pre.assert_legal(doc)
+    with pytest.raises(InputError):
+        pre.verdict({"forward_mode": "extend", "requests": []})

@@ -160,17 +160,25 @@ def sglang_lists(batch: Any, checker) -> dict | None:
 
 
 def _sglang_fast(batch: Any, checker) -> tuple | None:
-    from .checker import _column
+    from .checker import _column, _ints_within
 
-    mode = sglang_forward_mode(batch, checker.draft_tokens)
+    name = getattr(batch.forward_mode, "name", None)
+    mode = SGLANG_MODES.get(name, "?") if name.__class__ is str else "?"
+    if mode == "?":
+        mode = sglang_forward_mode(batch, checker.draft_tokens)
+    elif mode == "decode" and checker.draft_tokens > 0 and _spec_on(batch):
+        mode = "target_verify"
     reqs = batch.reqs
     n = len(reqs)
     if mode is None or n == 0:
         return None
     ext, k = None, 0
-    if mode in ("extend", "mixed") or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
-        ext = _column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
-        k = _merged_decodes(batch, mode, n)
+    if mode == "extend" or mode == "mixed" or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
+        ext = getattr(batch, "extend_lens", None)
+        if not (ext.__class__ is list and len(ext) == n and _ints_within(ext, 0, MAX_TOKENS)):
+            ext = _column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
+        if mode == "mixed":
+            k = _merged_decodes(batch, mode, n)
     rows = checker._rows(mode, n, ext, k, None)
     max_slot = None
     if checker.has_slots:
@@ -264,7 +272,7 @@ def step_lists(obj: Any, checker) -> dict | None:
 
 def fast_step(obj: Any, checker) -> tuple | None:
     """``(forward mode, query rows, largest slot)`` of an engine object, read as cheaply as possible."""
-    if is_sglang_batch(obj):
+    if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):
         return _sglang_fast(obj, checker)
     if is_vllm_output(obj):
         return _vllm_fast(obj, checker)

@@ -223,6 +223,16 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None):
     return _column(v, name, lo, hi, n)
 
 
+def _ints_within(v: list, lo: int, hi: int) -> bool:
+    """A list of plain ints, all in [lo, hi] (an element loop for short lists, C builtins otherwise)."""
+    if len(v) <= 8:
+        for x in v:
+            if x.__class__ is not int or x < lo or x > hi:
+                return False
+        return True
+    return set(map(type, v)) == _INT_TYPES and min(v) >= lo and max(v) <= hi
+
+
 def _column_slow(v: list, name: str, lo: int, hi: int) -> list:
     if not all(map(_is_int, v)):
         i = _bad_element(v, _is_int)
@@ -374,6 +384,12 @@ class Checker:
             for b in s.buffers[1:]:
                 lim = min(lim, b.rows)  # SLOT002 (req_pool_idx) and SLOT004 (global_slot) alike
             self.max_slot = lim - 1
+        self._frozen = True
+
+    def __setattr__(self, name, value):
+        if self.__dict__.get("_frozen"):
+            raise AttributeError(f"a Checker is immutable once built (build another for {name}={value!r})")
+        object.__setattr__(self, name, value)
 
     # ------------------------------------------------------------------------------ description
     def __repr__(self) -> str:
@@ -541,6 +557,9 @@ class Checker:
         if forward_mode is None and type(step) is str:
             forward_mode = step
         if forward_mode is not None:
+            if (padded_rows is None and num_merged_decodes.__class__ is int and not num_merged_decodes
+                    and self._lean(forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids)):
+                return LEGAL
             mode, n, ext, seq, pre, slots, k, pad = self._validate(
                 forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
             if mode is None:
@@ -550,12 +569,10 @@ class Checker:
                 return LEGAL
             report = self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
             return LEGAL if report.legal else Verdict(False, report)
-        if isinstance(step, Batch) or is_batch_document(step):
+        if isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
             report = self.check(step)
             return LEGAL if report.legal else Verdict(False, report)
-        from .adapters import fast_step
-
-        fs = fast_step(step, self)
+        fs = _adapters().fast_step(step, self)
         if fs is None:  # idle
             return LEGAL
         mode, rows, max_slot = fs
@@ -563,6 +580,48 @@ class Checker:
             return LEGAL
         report = self.check(step)
         return LEGAL if report.legal else Verdict(False, report)
+
+    def _lean(self, mode, ext, seq, slots, pre, rids) -> bool:
+        """True when plain int lists are provably a legal step; False means "take the general path".
+
+        The same checks as ``_validate`` + ``_rows`` + ``_decide`` for the common shapes (canonical
+        mode name, lists of ints, no padding or merged decodes), with no intermediate objects. It
+        never raises and never says "legal" for input the general path would reject.
+        """
+        if mode == "extend" or mode == "mixed":
+            if ext.__class__ is not list or seq is not None or not _ints_within(ext, 0, MAX_TOKENS):
+                return False
+            n = len(ext)
+            rows = sum(ext)
+            if rows > MAX_ROWS:
+                return False
+        elif mode == "decode" or mode == "target_verify":
+            if seq.__class__ is not list or ext is not None or not _ints_within(seq, 1, MAX_POSITION):
+                return False
+            n = len(seq)
+            if mode == "decode":
+                rows = n
+            elif self.draft_tokens > 0:
+                rows = n * self.draft_tokens
+            else:
+                return False
+        else:
+            return False
+        if not n or n > MAX_REQUESTS:
+            return False
+        if pre is not None and (pre.__class__ is not list or len(pre) != n or not _ints_within(pre, 0, MAX_POSITION)):
+            return False
+        top = None
+        if slots is not None:
+            if slots.__class__ is not list or len(slots) != n or not _ints_within(slots, 0, MAX_POSITION):
+                return False
+            top = max(slots)
+        if rids is not None:
+            try:
+                self._rids(rids, n)
+            except InputError:
+                return False
+        return self._decide(mode, rows, top) is True
 
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:
         cols = self._columns(mode, n, ext, seq, pre, slots, k, rids)
@@ -585,9 +644,7 @@ class Checker:
             return check_engine_batch(step, kernel=self.kernel, split=self.split)
         if is_batch_document(step):
             return check_engine_batch(batch_from_dict(self._complete(step)), kernel=self.kernel, split=self.split)
-        from .adapters import step_lists
-
-        lists = step_lists(step, self)
+        lists = _adapters().step_lists(step, self)
         if lists is None:
             return _idle_report()
         return self.check(lists.pop("forward_mode"), **lists)
@@ -637,9 +694,7 @@ class Checker:
         (counted only when ``enable_mixed_chunk`` is set). Slots are not considered here.
         """
         if type(step) is not str:
-            from .adapters import step_lists
-
-            lists = step_lists(step, self)
+            lists = _adapters().step_lists(step, self)
             if lists is None:
                 step, extend_lens, seq_lens = "extend", None, None
             else:
@@ -710,6 +765,13 @@ class Checker:
             notes.append("an empty step is not launched")
         return Headroom(mode, rows, self.max_rows, thr, False, legal, more, more // per, to_route, gap, per,
                         decode_ok, "; ".join(notes))
+
+
+def _adapters():
+    """The adapters module (imported on first use: it imports this one)."""
+    from . import adapters
+
+    return adapters
 
 
 def _idle_report() -> Report:
