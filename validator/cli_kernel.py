@@ -125,7 +125,7 @@ def _render_probe(res: dict, out) -> None:
     out.print(f"probe {q} over [{res['range'][0]}, {res['range'][1]}] for {escape(tmpl)}", markup=True)
     codes = ",".join(m["codes_at_first_illegal"]) or "-"
     if m["first_illegal"] is None:
-        out.print(f"  model:    legal over the whole range")
+        out.print("  model:    legal over the whole range")
     else:
         out.print(f"  model:    largest legal {q} = {m['last_legal']} (first illegal {m['first_illegal']}: {codes})"
                   + ("" if m["monotonic"] else f"; NOT monotonic, legal again at "

@@ -349,6 +349,10 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
     if not scan.scanned:
         notes.append(f"the range has more than {MAX_MODEL_SCAN} values: the model was bisected too, "
                      "so its monotonicity was not checked")
+    span = hi - lo + 1
+    if len(ordered) < span:
+        notes.append(f"{len(ordered)} of {span} values were measured; legality between measured values is "
+                     "inferred, not measured")
     if pairs:
         notes.append("measured legality is not monotonic: " + "; ".join(
             f"{quantity}={b} ran although {quantity}={a} failed" for a, b in pairs[:5]))
