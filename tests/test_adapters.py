@@ -12,7 +12,6 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 
 import validator

@@ -5,8 +5,6 @@ than an H200's 232448: illegal on a build that sends every forward to the decode
 """
 from __future__ import annotations
 
-import pytest
-
 pytest_plugins = ["pytester"]
 
 SEED = """

@@ -28,7 +28,7 @@ import numpy as np
 from .batch import (FORWARD_MODES, KNOWN_ARGS, MAX_REQUESTS, MAX_TOKENS, MODE_ALIASES, Batch, RequestColumns,
                     batch_from_dict, is_batch_document, normalize_arg_name)
 from .calls import INT32_MAX, MAX_ROWS
-from .engine import check_engine_batch, draft_tokens, plan_batch
+from .engine import check_engine_batch, draft_tokens
 from .errors import BatchIllegalError, InputError
 from .report import Report
 

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .batch import Batch, Request, request_arrays
+from .batch import Batch, request_arrays
 from .calls import DecodeCall, SparsePrefillCall
 from .errors import InputError
 from .knowledge import load
