@@ -388,3 +388,30 @@ def test_verdict_and_check_accept_batches_and_documents(pre):
         pre.assert_legal(doc)
     with pytest.raises(InputError):
         pre.verdict({"forward_mode": "extend", "requests": []})
+
+
+@pytest.mark.parametrize("gpu", ["H200", "B200", {"num_sms": 78, "cc": [9, 0], "smem_optin": H200_SMEM}])
+@pytest.mark.parametrize("kernel", [None, "flashmla-1408756"])
+@pytest.mark.parametrize("h_q,extra", [(64, None), (64, 512), (128, 512), (96, None)])
+def test_step_plans_equal_planning_each_call_from_scratch(gpu, kernel, h_q, extra):
+    # The per-step path reuses a call shape's implementation and partitions; planning the same call
+    # from scratch must give the same plan.
+    from validator.calls import DecodeCall
+    from validator.engine import _decode_plan, _shape_plan
+    from validator.knowledge import resolve_gpu
+    from validator.plan import plan
+
+    g = resolve_gpu(gpu)
+    rng = np.random.default_rng(7)
+    b = 300
+    tl = rng.integers(0, 129, b)
+    etl = rng.integers(0, 513, b) if extra else None
+    fast = _decode_plan(_shape_plan(g, kernel, h_q, 512, 128, extra, 64, 64 if extra else None, "x"), b, tl, etl)
+    ref = plan(DecodeCall(kind="sparse", b=b, s_q=1, h_q=h_q, d_qk=512, topk=128, extra_topk=extra, page=64,
+                          extra_page=64 if extra else None, label="x", topk_length=tl, extra_topk_length=etl),
+               g, kernel)
+    assert fast.implementation == ref.implementation and fast.num_sm_parts == ref.num_sm_parts
+    assert fast.gen == ref.gen and fast.gpu == ref.gpu
+    assert fast.call.to_record() == ref.call.to_record()
+    if ref.schedule is not None:
+        assert np.array_equal(fast.schedule.metadata, ref.schedule.metadata)

@@ -6,6 +6,8 @@ Importable without torch. Main entry points::
     report = validator.check({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512})
     report.legal, [f.code for f in report.findings]
     p = validator.plan(record, gpu="H200"); p.num_sm_parts, p.schedule.metadata
+    guard = validator.Checker(engine="sglang-dsv4@0.5.10", gpu="H200")   # once per engine configuration
+    guard.verdict(schedule_batch)            # every step: LEGAL, or a verdict with the report and split
 """
 from .api import assert_legal, check, check_calls, plan
 from .checker import LEGAL, Checker, Headroom, Verdict, explain
