@@ -19,7 +19,7 @@ from .calls import DecodeCall, SparsePrefillCall
 from .errors import InputError
 from .knowledge import load
 from .plan import Plan, plan
-from .registry import REGISTRY, rules_for
+from .registry import run_rules
 from .report import Finding, Report
 
 
@@ -414,33 +414,12 @@ def plan_batch(batch: Batch, kernel: str | None = None) -> BatchPlan:
     return bp
 
 
-@lru_cache(maxsize=None)
-def _rules_of(scope: str, num_registered: int) -> tuple:
-    return tuple(rules_for(scope))
-
-
-def _scope_rules(scope: str) -> tuple:
-    """``rules_for(scope)``, sorted and filtered once per registry size instead of on every call."""
-    return _rules_of(scope, len(REGISTRY))
-
-
-def _run(rules: tuple, subject) -> list[Finding]:
-    """``run_rules`` over an already selected tuple of rules (same order, same findings)."""
-    out: list[Finding] = []
-    for r in rules:
-        res = r.func(subject)
-        if res:
-            out.extend(res)
-    return out
-
-
 def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
     """Run the kernel rules on every derived call; one finding per distinct message, naming all calls."""
     merged: dict[tuple, list] = {}
     order = []
-    rules = _scope_rules("call")
     for dc in bp.calls:
-        for f in _run(rules, dc.plan):
+        for f in run_rules("call", dc.plan):
             key = (f.code, f.message)
             if key not in merged:
                 merged[key] = [f, []]
@@ -456,7 +435,7 @@ def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
 
 def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True) -> Report:
     bp = plan_batch(batch, kernel)
-    findings = _merge_call_findings(bp) + _run(_scope_rules("batch"), bp)
+    findings = _merge_call_findings(bp) + run_rules("batch", bp)
     report = Report(findings, [c.plan for c in bp.calls])
     report.context = {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
                                                   "requests": len(batch.requests), "running": len(batch.running)},

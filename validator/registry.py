@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Callable, Iterable
 
 from .knowledge import load
@@ -66,8 +67,16 @@ def get_rule(code: str) -> Rule | None:
     return REGISTRY.get(code.upper())
 
 
-def rules_for(scope: str) -> list[Rule]:
-    return [r for r in all_rules() if r.scope == scope]
+@lru_cache(maxsize=None)
+def _scope_rules(scope: str, num_registered: int) -> tuple[Rule, ...]:
+    # keyed by the registry's size: a rule registered later gets a fresh selection
+    return tuple(REGISTRY[c] for c in sorted(REGISTRY) if REGISTRY[c].scope == scope)
+
+
+def rules_for(scope: str) -> tuple[Rule, ...]:
+    """The rules of one scope, in code order (selected once, not on every call)."""
+    _load_rule_modules()
+    return _scope_rules(scope, len(REGISTRY))
 
 
 def run_rules(scope: str, subject) -> list[Finding]:

@@ -62,23 +62,92 @@ def _row_cost(batch: Batch, r: Request) -> int:
     return r.extend_tokens
 
 
-def _rows_predicate(batch: Batch, report) -> Callable[[int], bool] | None:
-    """Legality of a step from its request rows alone, when only the row count can matter."""
+@dataclass(frozen=True)
+class RowRule:
+    """Legality of a step from its request rows alone: ``0 < rows + merged <= max_rows``, or, when
+    the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate)."""
+
+    max_rows: int
+    threshold: int | None
+    merged: int
+
+    def __call__(self, rows: int) -> bool:
+        total = rows + self.merged
+        if total <= 0:
+            return False
+        return total <= self.max_rows or (self.threshold is not None and total > self.threshold)
+
+
+def _rows_predicate(batch: Batch, report) -> RowRule | None:
+    """The row rule of this batch, when only the row count can matter (DSv4 without slots)."""
     bp = report.batch_plan
     if bp is None or bp.rows is None or bp.slots is not None:
         return None
-    L = bp.max_decode_rows
-    thr = bp.routing.get("threshold")
     routable = batch.forward_mode in ("extend", "mixed")
-    merged = len(batch.running) if batch.mixed else 0
+    thr = bp.routing.get("threshold") if routable else None
+    return RowRule(bp.max_decode_rows, thr, len(batch.running) if batch.mixed else 0)
 
-    def ok(rows: int) -> bool:
-        total = rows + merged
-        if total <= 0:
-            return False
-        return total <= L or (routable and thr is not None and total > thr)
 
-    return ok
+def _min_segments_rows(prefix: list[int], rule: RowRule) -> list[tuple[int, int]] | None:
+    """Fewest contiguous segments under a RowRule, in O(n) (exact).
+
+    Without routing the rule is monotone (a sub-run of a legal run is legal), so filling each step
+    greedily is optimal. With routing a run is legal when short enough or long enough; the DP then
+    takes, for each end j, the best start among the short-enough window (a sliding minimum, its left
+    edge only moves right) and among the long-enough prefix (a running minimum).
+    """
+    n = len(prefix) - 1
+    if any(prefix[k + 1] == prefix[k] for k in range(n)):
+        return None  # zero-row requests: let the general DP handle the emptiness edge cases
+    if rule.threshold is None:
+        segs, i = [], 0
+        while i < n:
+            j = i
+            while j < n and rule(prefix[j + 1] - prefix[i]):
+                j += 1
+            if j == i:
+                return None
+            segs.append((i, j))
+            i = j
+        return segs
+    from collections import deque
+
+    INF = n + 1
+    best = [0] + [INF] * n
+    prev = [-1] * (n + 1)
+    window: deque[int] = deque()          # candidate starts with increasing best, for the short run
+    lo = 0                                # first start whose run to j is short enough
+    pre_best, pre_arg, hi = INF, -1, 0    # running minimum over starts whose run to j is long enough
+    cap_short = rule.max_rows - rule.merged
+    cap_long = rule.threshold - rule.merged
+    for j in range(1, n + 1):
+        k = j - 1
+        while window and best[window[-1]] >= best[k]:
+            window.pop()
+        window.append(k)
+        while prefix[j] - prefix[lo] > cap_short:
+            lo += 1
+        while window and window[0] < lo:
+            window.popleft()
+        while hi < j and prefix[j] - prefix[hi] > cap_long:
+            if best[hi] < pre_best:
+                pre_best, pre_arg = best[hi], hi
+            hi += 1
+        cand, arg = INF, -1
+        if window and best[window[0]] < cand:
+            cand, arg = best[window[0]], window[0]
+        if pre_best < cand:
+            cand, arg = pre_best, pre_arg
+        if cand < INF:
+            best[j], prev[j] = cand + 1, arg
+    if best[n] >= INF:
+        return None
+    segs = []
+    j = n
+    while j > 0:
+        segs.append((prev[j], j))
+        j = prev[j]
+    return segs[::-1]
 
 
 def _min_contiguous(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[int, int]] | None:
@@ -213,7 +282,9 @@ def safe_split(batch: Batch, report, kernel=None) -> SafeSplit:
         return memo[(i, j)]
 
     seg_ok = (lambda i, j: pred(prefix[j] - prefix[i])) if pred is not None else full_seg
-    segs = _min_contiguous(n, seg_ok)
+    segs = _min_segments_rows(prefix, pred) if pred is not None else None
+    if segs is None:
+        segs = _min_contiguous(n, seg_ok) if (pred is None or n <= 400) else None
     rechecked = True
     if segs is not None and not all(full_seg(i, j) for i, j in segs):
         rechecked = True
@@ -227,7 +298,7 @@ def safe_split(batch: Batch, report, kernel=None) -> SafeSplit:
     if pred is not None and batch.forward_mode in ("extend", "mixed"):
         merged = len(batch.running) if batch.mixed else 0
         cap = report.batch_plan.max_decode_rows - merged
-        chunked = _chunked(batch, lambda rows: pred(rows), cap)
+        chunked = _chunked(batch, pred, cap)
         if chunked is not None and not all(_full_ok(batch, _chunk_requests(batch, st), kernel) for st in chunked):
             chunked = None
     naive = None
