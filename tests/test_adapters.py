@@ -266,7 +266,7 @@ def test_unknown_objects_are_input_errors(pre):
 
 # ------------------------------------------------------------------ the documented snippets, run
 def snippets() -> dict[str, str]:
-    text = (ROOT / "docs_engine_guard.md").read_text(encoding="utf-8")
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
     found = dict(re.findall(r"<!-- guard:([\w-]+) -->\s*```python\n(.*?)```", text, flags=re.S))
     assert {"sglang-init", "sglang-step", "sglang-prevent", "vllm-init", "vllm-step", "vllm-prevent"} <= set(found)
     return found
