@@ -62,19 +62,6 @@ def _example_path(name: str) -> str:
     raise InputError("--example", f"unknown example {name!r}; built-in examples: {', '.join(names)}")
 
 
-def _calls_and_gpu(docs: list, gpu_opt: Optional[str]):
-    from .inputs import is_device_header
-    from .knowledge import gpu_from_fields, resolve_gpu
-
-    gpu = None
-    if docs and is_device_header(docs[0]):
-        gpu = gpu_from_fields(docs[0], "device header")
-        docs = docs[1:]
-    if gpu_opt:
-        gpu = resolve_gpu(gpu_opt)
-    return docs, gpu or resolve_gpu("H200")
-
-
 @app.command()
 def metadata(
     file: str = typer.Argument(..., help="Call record(s): a JSON object, a JSON array, or JSON Lines ('-' = stdin). A first line with only device fields is a device header."),
@@ -97,9 +84,10 @@ def metadata(
     from .calls import calls_from_records
     from .inputs import load_documents
     from .plan import plan as make_plan
+    from .session import split_device_header
 
     try:
-        docs, g = _calls_and_gpu(load_documents(file), gpu)
+        docs, g = split_device_header(load_documents(file), gpu)
         if not docs:
             raise InputError("FILE", "no call records")
         calls = calls_from_records(docs)

@@ -56,7 +56,7 @@ def decode_kernel_rows(bp):
         subject=f"{mode} forward of {len(bp.batch.requests)} request(s)",
         numbers={"query_rows": T, "max_rows": L, "threshold": thr, **bp.row_breakdown},
         fix=f"split the forward (see safe_split) or cap --chunked-prefill-size at {L}"
-            + (f" minus merged decodes" if bp.batch.mixed else ""),
+            + (" minus merged decodes" if bp.batch.mixed else ""),
     )]
 
 

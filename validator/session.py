@@ -1,13 +1,24 @@
 """Glue between input documents and reports, shared by the CLI commands."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from .api import check_calls
 from .errors import InputError
 from .inputs import is_device_header, load_documents
-from .knowledge import gpu_from_fields, resolve_gpu
+from .knowledge import GPU, gpu_from_fields, resolve_gpu
 from .report import Report
+
+
+def split_device_header(docs: list, gpu_opt: Optional[str]) -> tuple[list, GPU]:
+    """Peel an optional device header off call records; ``--gpu`` overrides it; H200 by default."""
+    gpu = None
+    if docs and is_device_header(docs[0]):
+        gpu = gpu_from_fields(docs[0], "device header")
+        docs = docs[1:]
+    if gpu_opt:
+        gpu = resolve_gpu(gpu_opt)
+    return docs, gpu or resolve_gpu("H200")
 
 
 def check_documents(path: str, gpu: Optional[str], kernel: Optional[str]) -> tuple[Report, dict]:
@@ -19,15 +30,10 @@ def check_documents(path: str, gpu: Optional[str], kernel: Optional[str]) -> tup
         return batch_mod.check_batch_document(docs[0], gpu=gpu, kernel=kernel)
     if any(batch_mod.is_batch_document(d) for d in docs):
         raise InputError("FILE", "one engine batch per file (or a list of call records), not a mix")
-    g = None
-    if docs and is_device_header(docs[0]):
-        g = gpu_from_fields(docs[0], "device header")
-        docs = docs[1:]
-    if gpu:
-        g = resolve_gpu(gpu)
+    docs, g = split_device_header(docs, gpu)
     if not docs:
         raise InputError("FILE", "no call records")
-    report = check_calls(docs, g or "H200", kernel)
+    report = check_calls(docs, g, kernel)
     payload = {"kind": "calls", "gpu": report.plans[0].gpu.to_dict() if report.plans else None,
                "calls": [p.to_dict(with_schedule=False) for p in report.plans]}
     return report, payload

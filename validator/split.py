@@ -140,7 +140,12 @@ def _min_segments_rows(prefix: list[int], rule: RowRule) -> list[tuple[int, int]
             cand, arg = pre_best, pre_arg
         if cand < INF:
             best[j], prev[j] = cand + 1, arg
-    if best[n] >= INF:
+    return _segments(best, prev, n)
+
+
+def _segments(best: list[int], prev: list[int], n: int) -> list[tuple[int, int]] | None:
+    """Walk the DP's back-pointers from n to 0; None when n was never reached."""
+    if best[n] > n:
         return None
     segs = []
     j = n
@@ -160,14 +165,7 @@ def _min_contiguous(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[in
             if best[i] + 1 < best[j] and seg_ok(i, j):
                 best[j] = best[i] + 1
                 prev[j] = i
-    if best[n] >= INF:
-        return None
-    segs = []
-    j = n
-    while j > 0:
-        segs.append((prev[j], j))
-        j = prev[j]
-    return segs[::-1]
+    return _segments(best, prev, n)
 
 
 def _chunked(batch: Batch, step_ok: Callable[[int], bool], cap: int) -> list[list[dict]] | None:
