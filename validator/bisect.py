@@ -450,7 +450,6 @@ class Builder:
         else:
             likely = None
             basis.append(f"no queued work in the last line: the next prefill comes from new arrivals, 1..{hi} tokens")
-        bool(self.cfg.get("enable_mixed_chunk", False))
         rl = _running_len(p, running)
         largest = tl.largest_prefill
         if largest is not None and largest.new_token and self.after:
