@@ -315,7 +315,10 @@ def kernel_check_report(report, console=None, *, provider: str = "auto", timeout
     Without torch, a CUDA GPU or FlashMLA the result is ``{"available": false, "reason": ...}``.
     """
     plans = [p for p in getattr(report, "plans", []) if isinstance(p.call, (DecodeCall, SparsePrefillCall))]
+    slots = slot_buffer_checks(report, timeout=timeout, child=child, console=console)
     if not plans:
+        if slots is not None:
+            return slots
         return {"available": False, "reason": "the report has no FlashMLA calls to run"}
     if console is not None:
         console.print("kernel mode: detecting torch, GPU and FlashMLA in a child process ...", markup=False,
@@ -328,7 +331,47 @@ def kernel_check_report(report, console=None, *, provider: str = "auto", timeout
         console.print(f"kernel mode: {p.module} ({p.api} API) on {det.device.get('name')} "
                       f"sm{''.join(map(str, det.device.get('cc', [])))}, {det.device.get('num_sms')} SMs; "
                       f"{len(plans)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
-    return run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console)
+    result = run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console)
+    if slots is not None:
+        result["slot_buffers"] = slots
+    return result
+
+
+def slot_buffer_checks(report, *, timeout: float = DEFAULT_TIMEOUT_S, child: ChildSpec | None = None,
+                       console=None) -> dict | None:
+    """For a batch with request slots: write the batch's largest slot into every slot-indexed buffer,
+    allocated at its computed size on the GPU (and on the CPU), each in a child process; compare with
+    the model's verdict (out of bounds exactly when the slot is >= the buffer's rows)."""
+    from .slots import probe_slot_index
+
+    bp = getattr(report, "batch_plan", None)
+    if bp is None or bp.slots is None:
+        return None
+    slots = [r.req_pool_idx for r in bp.batch.requests if r.req_pool_idx is not None]
+    if not slots:
+        return None
+    top = max(slots)
+    entries = []
+    for buf in bp.slots.buffers:
+        if buf.indexed_by != "req_pool_idx":
+            continue
+        if console is not None:
+            console.print(f"kernel mode: writing slot {top} into {buf.name} ({buf.rows} rows) on the GPU ...",
+                          markup=False, highlight=False)
+        res = probe_slot_index(buf.rows, min(buf.width or 1, 4096), top, device="cuda", timeout=timeout, child=child)
+        model_fails = top >= buf.rows
+        if not res.get("available"):
+            agreement = "inconclusive"
+        else:
+            agreement = "agree" if (res.get("outcome") != "ok") == model_fails else "disagree"
+        entries.append({"buffer": buf.name, "rows": buf.rows, "slot": top, "model": "out of bounds" if model_fails
+                        else "in bounds", "agreement": agreement, "probe": res})
+    available = any(e["probe"].get("available") for e in entries)
+    out = {"available": available, "slot_buffers": entries,
+           "all_agree": all(e["agreement"] == "agree" for e in entries) if available else None}
+    if not available and entries:
+        out["reason"] = entries[0]["probe"].get("reason", "slot probe unavailable")
+    return out
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -341,6 +384,12 @@ def render_kernel_result(result: dict, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    slot_part = result.get("slot_buffers")
+    if isinstance(slot_part, dict):  # a batch with FlashMLA calls and slots: both parts
+        _render_slots(slot_part, console)
+    elif isinstance(slot_part, list):  # a batch with slots only
+        _render_slots(result, console)
+        return
     if not result.get("available"):
         console.print(f"[bold yellow]kernel mode unavailable[/]: {escape(str(result.get('reason', '')))}", markup=True)
         return
@@ -385,3 +434,20 @@ def render_kernel_result(result: dict, console) -> None:
                   f"{s['calls']} call(s) agree, {s['agreement']['disagree']} disagree, "
                   f"{s['agreement']['inconclusive']} inconclusive; metadata identical for "
                   f"{mdsum['identical']} of {mdsum['compared']} compared", markup=True)
+
+
+def _render_slots(part: dict, console) -> None:
+    from rich.markup import escape
+
+    if not part.get("available"):
+        console.print(f"[bold yellow]slot probe unavailable[/]: {escape(str(part.get('reason', '')))}", markup=True)
+        return
+    for e in part.get("slot_buffers", []):
+        pr = e["probe"]
+        if not pr.get("available"):
+            continue
+        cpu = pr.get("cpu") or {}
+        st = AGREE_STYLE.get(e["agreement"], "")
+        console.print(f"slot {e['slot']} into {escape(e['buffer'])} ({e['rows']} rows): model {e['model']}; "
+                      f"GPU {pr.get('outcome')}: {escape(str(pr.get('message') or ''))}; CPU {cpu.get('outcome')}: "
+                      f"{escape(str(cpu.get('message') or ''))} -> [{st}]{e['agreement']}[/]", markup=True)
