@@ -383,6 +383,7 @@ def render_kernel_result(result: dict, console) -> None:
     """Human output of :func:`kernel_check_report` (rich)."""
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     slot_part = result.get("slot_buffers")
     if isinstance(slot_part, dict):  # a batch with FlashMLA calls and slots: both parts
@@ -408,7 +409,8 @@ def render_kernel_result(result: dict, console) -> None:
         md = e.get("metadata")
         md_txt = "-" if md is None else ("identical" if md.get("identical") else "DIFFERS")
         st = AGREE_STYLE.get(e["agreement"], "")
-        t.add_row(str(e["index"]), escape(e["call"]), model_txt, kern_txt, md_txt, f"[{st}]{e['agreement']}[/]")
+        t.add_row(str(e["index"]), e["call"], model_txt, kern_txt, md_txt,
+                  Text(e["agreement"], style=st or ""))
     console.print(t)
     for e in result["calls"]:
         k = e["kernel"]
