@@ -301,6 +301,11 @@ def test_split_handles_the_non_monotone_routing_gap():
     (lambda d: d.update(server_args={"chunked_prefill_size": "big"}), "server_args.chunked_prefill_size"),
     (lambda d: d.update(gpu="A100-ish"), "gpu"),
     (lambda d: d.update(colour="red"), "colour"),
+    (lambda d: d.update(model={"context_length": [1, 2]}), "model.context_length"),
+    (lambda d: d.update(model={"heads": 64}), "model.heads"),
+    (lambda d: d.update(buffers=[{"name": "x", "rows_from": [1]}]), "buffers[0].rows_from"),
+    (lambda d: d.update(buffers=[{"name": "x", "rows": -3}]), "buffers[0].rows"),
+    (lambda d: d.update(buffers=[{"rows": 3}]), "buffers[0]"),
 ])
 def test_bad_batches_name_the_field(mutate, field):
     doc = {"engine": "sglang-dsv4", "gpu": "H200", "forward_mode": "extend",

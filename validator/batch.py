@@ -234,6 +234,12 @@ def _int(d: Mapping, key: str, where: str, lo: int, hi: int, default: Any = ...)
     return v
 
 
+MODEL_KEYS: dict[str, tuple[type, int]] = {
+    "h_q": (int, 1), "num_attention_heads": (int, 1), "context_length": (int, 1), "index_kpool": (int, 0),
+    "tail_extra_slots": (int, 0), "dsa_tails": (bool, 0),
+}
+BUFFER_KEYS = {"name", "rows", "rows_from", "plus", "scope", "indexed_by"}
+
 REQUEST_KEYS = {"id", "rid", "extend_tokens", "extend_len", "new_tokens", "prefix_len", "cached_tokens",
                 "seq_len", "req_pool_idx", "slot", "dp_rank", "kind", "output_len"}
 
@@ -339,9 +345,30 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     model = doc.get("model") or {}
     if not isinstance(model, Mapping):
         raise InputError("model", f"expected an object, got {model!r}")
+    for k, v in model.items():
+        rule = MODEL_KEYS.get(k)
+        if rule is None:
+            raise InputError(f"model.{k}", f"unknown field (known: {', '.join(sorted(MODEL_KEYS))})")
+        typ, lo = rule
+        if typ is bool:
+            if not isinstance(v, bool):
+                raise InputError(f"model.{k}", f"expected true or false, got {v!r}")
+        else:
+            _int(model, k, "model", lo, MAX_TOKENS * 64)
     buffers = doc.get("buffers") or []
     if not isinstance(buffers, list):
-        raise InputError("buffers", "expected a list of {name, rows, scope}")
+        raise InputError("buffers", "expected a list of {name, rows | rows_from, plus, scope, indexed_by}")
+    for i, ub in enumerate(buffers):
+        where = f"buffers[{i}]"
+        if not isinstance(ub, Mapping) or not isinstance(ub.get("name"), str):
+            raise InputError(where, "expected {name, rows | rows_from, plus, scope, indexed_by} with a string name")
+        for k, v in ub.items():
+            if k not in BUFFER_KEYS:
+                raise InputError(f"{where}.{k}", f"unknown field (known: {', '.join(sorted(BUFFER_KEYS))})")
+            if k in ("rows", "plus"):
+                _int(ub, k, where, 0, MAX_TOKENS * 64)
+            elif k != "name" and not isinstance(v, str):
+                raise InputError(f"{where}.{k}", f"expected a string, got {v!r}")
     label = doc.get("label") or doc.get("name") or ""
     return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label))
 
