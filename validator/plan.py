@@ -11,7 +11,7 @@ import numpy as np
 
 from .calls import DecodeCall, KernelCall, SparsePrefillCall
 from .knowledge import GPU, generation, resolve_gpu
-from .schedule import Schedule, schedule_fast, schedule_reference
+from .schedule import Schedule, schedule_memo, schedule_reference
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -166,13 +166,17 @@ class Plan:
 
     @cached_property
     def schedule(self) -> Schedule | None:
-        """The scheduler's output (fast path), or None when the scheduler never runs."""
+        """The scheduler's output (fast path), or None when the scheduler never runs.
+
+        The walk of a non-uniform schedule is reused from an earlier call with the same block counts
+        (see :class:`~validator.schedule.WalkMemo`): the result is the same.
+        """
         if not self.scheduler_runs:
             return None
         arr, uni = self.lengths
         if uni is not None:
-            return schedule_fast(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
-        return schedule_fast(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
+            return schedule_memo(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
+        return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
 
     def reference_schedule(self) -> Schedule | None:
         """The same schedule from the plain reference loop (slow; for tests and debugging)."""

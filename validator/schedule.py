@@ -472,6 +472,44 @@ _SMALL_B = 96
 _MEMORYVIEW_RATIO = 16
 
 
+def _stream(s, P: int, F: int, block: int):
+    """The request stream of a non-uniform schedule: ``(s, b, prefix, total)`` with ``prefix`` the
+    prefix sums ``C`` of ``n_i + F`` (a list of ints for small ``b``, else an int64 array)."""
+    s = np.asarray(s, dtype=np.int64)
+    b = s.shape[0]
+    w0 = 1 + F
+    if b <= _SMALL_B:
+        prefix = list(accumulate([(v - 1 if v > 1 else 0) // block + w0 for v in s.tolist()], initial=0))
+        return s, b, prefix, prefix[b]
+    # n + F = max(ceil(s / block), 1) + F = max(floor((s + block - 1 + block * F) / block), 1 + F)
+    blocks = s + (block - 1 + block * F)
+    if block == 64:
+        blocks >>= 6
+    else:
+        blocks //= block
+    np.maximum(blocks, w0, out=blocks)
+    prefix = np.empty(b + 1, dtype=np.int64)
+    prefix[0] = 0
+    np.cumsum(blocks, out=prefix[1:])
+    return s, b, prefix, int(prefix[b])
+
+
+def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
+    """The greedy walk over the stream's prefix sums, by the variant that suits ``b`` and ``P``."""
+    if isinstance(prefix, list):
+        return (_walk_prefix_short if b <= P else _walk_prefix)(prefix, P, F, total)
+    if b > _MEMORYVIEW_RATIO * P:
+        return _walk_prefix_windowed(memoryview(prefix), P, F, total)
+    return (_walk_prefix_short if b <= P else _walk_prefix)(prefix.tolist(), P, F, total)
+
+
+def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int) -> Schedule:
+    w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
+    pr = _period(b, P, F, w)
+    return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
+                    num_split_events=pr.num_events, last_split_request=pr.last_event())
+
+
 def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,
                   uniform: int | None = None, b: int | None = None) -> Schedule:
     """Schedule by walking the request stream: prefix sums plus one binary search per partition.
@@ -481,37 +519,83 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
-        if b is None:
-            b = len(s)
-        w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
-        pr = _period(b, P, F, w)
-        return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
-                        num_split_events=pr.num_events, last_split_request=pr.last_event())
-    s = np.asarray(s, dtype=np.int64)
-    b = s.shape[0]
-    w0 = 1 + F
-    if b <= _SMALL_B:
-        C = list(accumulate([(v - 1 if v > 1 else 0) // block + w0 for v in s.tolist()], initial=0))
-        prefix = C
-        total = C[b]
-        walk = _walk_prefix_short if b <= P else _walk_prefix
+        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
+    s, b, prefix, total = _stream(s, P, F, block)
+    starts, events = _walk(prefix, b, P, F, total)
+    return Schedule(b, P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total,
+                    prefix=prefix)
+
+
+class WalkMemo:
+    """A bounded, thread-safe memo of non-uniform walks, for :func:`schedule_memo`.
+
+    The walk (where each active partition starts, which request each split event falls in) is a
+    function of ``P``, ``F`` and the stream's prefix sums ``C`` alone, and ``C`` only of the block
+    counts ``n_i + F``; the lengths themselves (which of them are 0) are read only when the metadata
+    rows are built, from the Schedule's own ``lengths``. So a step whose block counts equal an
+    earlier step's - consecutive decode steps, until some request crosses a 64-token block - reuses
+    that walk exactly. Entries are keyed by ``(P, F, C)`` and evicted least recently used first.
+    """
+
+    def __init__(self, maxsize: int = 64):
+        from collections import OrderedDict
+        from threading import Lock
+
+        self.maxsize = maxsize
+        self._d: OrderedDict = OrderedDict()
+        self._lock = Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._d.clear()
+            self.hits = self.misses = 0
+
+    def get(self, key):
+        with self._lock:
+            v = self._d.get(key)
+            if v is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+                self._d.move_to_end(key)
+            return v
+
+    def put(self, key, value) -> None:
+        with self._lock:
+            self._d[key] = value
+            self._d.move_to_end(key)
+            while len(self._d) > self.maxsize:
+                self._d.popitem(last=False)
+
+
+#: The memo :meth:`validator.plan.Plan.schedule` uses (``SCHEDULE_MEMO.clear()`` empties it).
+SCHEDULE_MEMO = WalkMemo()
+
+
+def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,
+                  uniform: int | None = None, b: int | None = None, memo: WalkMemo | None = None) -> Schedule:
+    """:func:`schedule_fast`, reusing the walk of an earlier call with the same block counts.
+
+    Exactly the same Schedule (see :class:`WalkMemo`); the uniform case, O(period) already, is not
+    memoized. ``memo``: the memo to use (default :data:`SCHEDULE_MEMO`).
+    """
+    P, F = num_sm_parts, fixed_overhead
+    if uniform is not None:
+        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
+    if memo is None:
+        memo = SCHEDULE_MEMO
+    s, b, prefix, total = _stream(s, P, F, block)
+    key = (P, F, tuple(prefix) if isinstance(prefix, list) else prefix.tobytes())
+    hit = memo.get(key)
+    if hit is None:
+        starts, events = _walk(prefix, b, P, F, total)
+        memo.put(key, (tuple(starts), tuple(events)))
     else:
-        # n + F = max(ceil(s / block), 1) + F = max(floor((s + block - 1 + block * F) / block), 1 + F)
-        blocks = s + (block - 1 + block * F)
-        if block == 64:
-            blocks >>= 6
-        else:
-            blocks //= block
-        np.maximum(blocks, w0, out=blocks)
-        prefix = np.empty(b + 1, dtype=np.int64)
-        prefix[0] = 0
-        np.cumsum(blocks, out=prefix[1:])
-        total = int(prefix[b])
-        if b > _MEMORYVIEW_RATIO * P:
-            C, walk = memoryview(prefix), _walk_prefix_windowed
-        else:
-            C = prefix.tolist()
-            walk = _walk_prefix_short if b <= P else _walk_prefix
-    starts, events = walk(C, P, F, total)
+        starts, events = list(hit[0]), list(hit[1])
     return Schedule(b, P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total,
                     prefix=prefix)
