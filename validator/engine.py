@@ -437,9 +437,10 @@ def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = Tr
     bp = plan_batch(batch, kernel)
     findings = _merge_call_findings(bp) + run_rules("batch", bp)
     report = Report(findings, [c.plan for c in bp.calls])
-    report.context = {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
-                                                  "requests": len(batch.requests), "running": len(batch.running)},
-                      **bp.to_dict()}
+    report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
+                                                             "requests": len(batch.requests),
+                                                             "running": len(batch.running)},
+                                  **bp.to_dict()})
     report.batch_plan = bp
     if split and not report.legal:
         from .split import safe_split

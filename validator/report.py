@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -48,15 +48,54 @@ class Finding:
         return f"{self.code} {subj}{self.message}{fix}"
 
 
-@dataclass
 class Report:
-    """The verdict for one call or one batch."""
+    """The verdict for one call or one batch.
 
-    findings: list[Finding]
-    plans: list = field(default_factory=list)
-    safe_split: Any = None
-    context: dict = field(default_factory=dict)
-    batch_plan: Any = None
+    ``context`` (the description of what was checked, merged into :meth:`to_dict`) may be given as
+    a function with :meth:`defer_context`: it is then built the first time somebody reads it, so a
+    step whose report is only asked "legal?" does not pay for it.
+    """
+
+    __slots__ = ("findings", "plans", "safe_split", "batch_plan", "_context", "_context_fn")
+
+    def __init__(self, findings: list[Finding], plans: list | None = None, safe_split: Any = None,
+                 context: dict | None = None, batch_plan: Any = None):
+        self.findings = findings
+        self.plans = [] if plans is None else plans
+        self.safe_split = safe_split
+        self._context = {} if context is None else context
+        self._context_fn = None
+        self.batch_plan = batch_plan
+
+    @property
+    def context(self) -> dict:
+        ctx = self._context
+        if ctx is None:
+            ctx = self._context = self._context_fn()
+            self._context_fn = None
+        return ctx
+
+    @context.setter
+    def context(self, value: dict) -> None:
+        self._context = value
+        self._context_fn = None
+
+    def defer_context(self, build: Callable[[], dict]) -> None:
+        """Set ``context`` to ``build()``, called on first read (at most once)."""
+        self._context = None
+        self._context_fn = build
+
+    def __repr__(self) -> str:
+        return (f"Report(findings={self.findings!r}, plans={self.plans!r}, safe_split={self.safe_split!r}, "
+                f"context={self.context!r}, batch_plan={self.batch_plan!r})")
+
+    def __eq__(self, other) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return ((self.findings, self.plans, self.safe_split, self.context, self.batch_plan)
+                == (other.findings, other.plans, other.safe_split, other.context, other.batch_plan))
+
+    __hash__ = None  # mutable, like the dataclass it replaces
 
     @property
     def legal(self) -> bool:

@@ -1,0 +1,50 @@
+"""A batch report's context is built when first read, and reads the same as one built at once."""
+from __future__ import annotations
+
+import json
+
+import validator
+from validator.report import Finding, Report
+
+
+def test_deferred_context_is_built_once_on_first_read():
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"kind": "batch", "query_rows": 3}
+
+    r = Report([Finding("X001", "warning", "m")])
+    r.defer_context(build)
+    assert calls == []
+    assert r.legal and r.codes == ["X001"]            # answering "legal?" does not build it
+    assert calls == []
+    assert r.context == {"kind": "batch", "query_rows": 3}
+    assert r.context["query_rows"] == 3
+    assert calls == [1]
+    assert r.to_dict() == {"legal": True, "findings": [{"code": "X001", "severity": "warning", "message": "m"}],
+                           "kind": "batch", "query_rows": 3}
+    r.context = {"kind": "other"}
+    assert r.context == {"kind": "other"} and calls == [1]
+
+
+def test_report_defaults_and_equality():
+    a, b = Report([]), Report([])
+    assert a.plans == [] and a.context == {} and a.safe_split is None and a.batch_plan is None
+    assert a == b and a.plans is not b.plans
+    b.context = {"kind": "batch"}
+    assert a != b
+
+
+def test_checker_report_context_matches_its_batch_plan():
+    chk = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200",
+                            server_args={"chunked_prefill_size": 8192, "max_running_requests": 64})
+    seq = [100 + 37 * i for i in range(40)]
+    rep = chk.check("decode", seq_lens=seq, req_pool_indices=list(range(1, 41)))
+    bp = rep.batch_plan
+    expected = {"kind": "batch", "batch": {"label": "", "gpu": bp.batch.gpu.to_dict(), "requests": 40, "running": 0},
+                **bp.to_dict()}
+    assert rep.context == expected
+    assert rep.context["query_rows"] == 40 and rep.context["forward_mode"] == "decode"
+    doc = json.loads(json.dumps(rep.to_dict()))
+    assert doc["legal"] is True and doc["query_rows"] == 40 and len(doc["kernel_calls"]) == 3
