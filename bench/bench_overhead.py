@@ -14,8 +14,16 @@ Columns:
   cached prefix and slot) - the least any per-request check written in Python can cost.
 * ``verdict``: ``Checker.verdict`` on the same lists (the fast path: no schedule, no report), and
   ``verdict (engine object)`` on a stand-in SGLang ``ScheduleBatch`` holding the same data.
-* ``full``: ``Checker.check`` on the same lists: the full report, including the FlashMLA schedule of
-  every decode-kernel call (the benchmark asserts that the schedules were computed).
+* ``full`` (cold): ``Checker.check`` on the same lists: the full report, including the FlashMLA
+  schedule of every decode-kernel call (the benchmark asserts that the schedules were computed).
+  Schedule walks are reused across steps with the same block counts (``validator.schedule.
+  SCHEDULE_MEMO``); every timed call here empties that memo first (its ``clear()``, included in the
+  time), so each one computes its schedules from scratch, as the first step of a new batch does.
+* ``steady``: the mean cost per step of ``Checker.check`` over a run of consecutive steps of the
+  decode and verify batches (every request's sequence length + 1 per step, 256 steps, the memo
+  emptied before the first): what a guard that checks every step of a running batch pays. A walk is
+  reused while no request's block count changes; the step lists are built before timing. Best of 5
+  runs.
 * ``kernel``: device time of the real scheduling kernel for the same b on an H200 (median of 5,
   configuration ``model1_h64_topk128_extra512``), from the recorded oracle. A DeepSeek-V4 forward
   runs that kernel once per compression ratio (3 calls) and the full check plans all 3, so the
@@ -40,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from validator import Checker  # noqa: E402
+from validator.schedule import SCHEDULE_MEMO  # noqa: E402
 
 ORACLE_NAMES = [ROOT / "fixtures" / "oracle" / "flashmla_h200_sched_kernel_timing.json",
                 ROOT.parent / "shared" / "oracle" / "flashmla_h200_sched_kernel_timing.json"]
@@ -47,6 +56,7 @@ KERNEL_CONFIG = "model1_h64_topk128_extra512"
 VERDICT_TARGET = 5.0
 FULL_TARGET = 1.0
 CALLS_PER_FORWARD = 3
+STEADY_STEPS = 256
 
 
 def kernel_times() -> dict[int, float]:
@@ -117,6 +127,7 @@ def main(argv=None) -> int:
         True: Checker(engine=engine, gpu="H200", server_args={**base_args, "speculative_num_draft_tokens": 4}),
     }
     rows_out = []
+    steady_out = []
     all_ok = True
     for label, b, mode, data in scenarios(rng):
         chk = checkers[mode == "target_verify"]
@@ -137,6 +148,7 @@ def main(argv=None) -> int:
             return chk.verdict(obj)
 
         def full():
+            SCHEDULE_MEMO.clear()  # cold: no walk reused from an earlier call
             return chk.check(mode, req_pool_indices=slots, rids=rids, **data)
 
         # correctness of what is being timed: legal steps, and the full check really plans the schedule
@@ -158,6 +170,22 @@ def main(argv=None) -> int:
         all_ok &= ok_v and ok_f
         rows_out.append((label, b, n, t_base, t_ver, t_obj, r_ver, r_obj, t_full, k, r_full3, r_full1, ok_v, ok_f))
 
+        if "seq_lens" in data:  # steady state: consecutive steps of the same running batch
+            seqs = [[x + t for x in data["seq_lens"]] for t in range(STEADY_STEPS)]
+            assert all(chk.check(mode, seq_lens=s, req_pool_indices=slots, rids=rids).legal for s in seqs[:2])
+            best, hit_rate = float("inf"), 0.0
+            for _ in range(max(int(5 * scale), 2) if args.quick else 5):
+                SCHEDULE_MEMO.clear()
+                t0 = time.perf_counter()
+                for s in seqs:
+                    chk.check(mode, seq_lens=s, req_pool_indices=slots, rids=rids)
+                best = min(best, (time.perf_counter() - t0) / STEADY_STEPS * 1e6)
+                hit_rate = SCHEDULE_MEMO.hits / max(SCHEDULE_MEMO.hits + SCHEDULE_MEMO.misses, 1)
+            r3 = best / (CALLS_PER_FORWARD * k)
+            ok_s = r3 <= FULL_TARGET
+            all_ok &= ok_s
+            steady_out.append((label, b, n, best, hit_rate, k, r3, best / k, ok_s))
+
     print(f"validate-batch guard overhead - {engine} on H200, Python {sys.version.split()[0]}")
     print(f"kernel: recorded H200 scheduler device time, config {KERNEL_CONFIG}; a forward runs it "
           f"{CALLS_PER_FORWARD} times (one per compression ratio)")
@@ -169,6 +197,16 @@ def main(argv=None) -> int:
         mark = f"verdict {'MET' if ok_v else 'MISSED'}, full {'MET' if ok_f else 'MISSED'}"
         print(f"{label:<30} {b:>5} {n:>4} {t_base:>8.2f} {t_ver:>8.2f} {r_ver:>6.2f} {t_obj:>7.2f} {r_obj:>6.2f} "
               f"{t_full:>8.1f} {k:>8.1f} {r3:>7.2f} {r1:>7.2f}  {mark}")
+    print()
+    print(f"full check in steady state: mean per step over {STEADY_STEPS} consecutive steps (sequence lengths + 1 "
+          f"per step), starting with no reusable schedule walk")
+    hdr2 = (f"{'step':<30} {'b':>5} {'reqs':>4} {'steady us':>9} {'walks reused':>12} {'kern us':>8} {'full/3k':>7} "
+            f"{'full/1k':>7}  target")
+    print(hdr2)
+    print("-" * len(hdr2))
+    for (label, b, n, t_st, hr, k, r3, r1, ok_s) in steady_out:
+        print(f"{label:<30} {b:>5} {n:>4} {t_st:>9.1f} {hr:>11.0%} {k:>8.1f} {r3:>7.2f} {r1:>7.2f}  "
+              f"full {'MET' if ok_s else 'MISSED'}")
     print(f"targets: verdict <= {VERDICT_TARGET:g} x baseline; full check <= {CALLS_PER_FORWARD} x kernel "
           f"(full/3k <= {FULL_TARGET:g}); full/1k compares with one kernel call, for information")
     print("all targets met" if all_ok else "some targets missed (see rows marked MISSED)")
