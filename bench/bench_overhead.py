@@ -16,8 +16,8 @@ Columns:
   ``verdict (engine object)`` on a stand-in SGLang ``ScheduleBatch`` holding the same data.
 * ``full`` (cold): ``Checker.check`` on the same lists: the full report, including the FlashMLA
   schedule of every decode-kernel call (the benchmark asserts that the schedules were computed).
-  Schedule walks are reused across steps with the same block counts (``validator.schedule.
-  SCHEDULE_MEMO``); every timed call here empties that memo first (its ``clear()``, included in the
+  A Checker reuses schedule walks across steps with the same block counts (its own
+  ``schedule_memo``); every timed call here empties that memo first (its ``clear()``, included in the
   time), so each one computes its schedules from scratch, as the first step of a new batch does.
 * ``steady``: the mean cost per step of ``Checker.check`` over a run of consecutive steps of the
   decode and verify batches (every request's sequence length + 1 per step, 256 steps, the memo
@@ -48,7 +48,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from validator import Checker  # noqa: E402
-from validator.schedule import SCHEDULE_MEMO  # noqa: E402
 
 ORACLE_NAMES = [ROOT / "fixtures" / "oracle" / "flashmla_h200_sched_kernel_timing.json",
                 ROOT.parent / "shared" / "oracle" / "flashmla_h200_sched_kernel_timing.json"]
@@ -148,7 +147,7 @@ def main(argv=None) -> int:
             return chk.verdict(obj)
 
         def full():
-            SCHEDULE_MEMO.clear()  # cold: no walk reused from an earlier call
+            chk.schedule_memo.clear()  # cold: no walk reused from an earlier call
             return chk.check(mode, req_pool_indices=slots, rids=rids, **data)
 
         # correctness of what is being timed: legal steps, and the full check really plans the schedule
@@ -175,12 +174,12 @@ def main(argv=None) -> int:
             assert all(chk.check(mode, seq_lens=s, req_pool_indices=slots, rids=rids).legal for s in seqs[:2])
             best, hit_rate = float("inf"), 0.0
             for _ in range(max(int(5 * scale), 2) if args.quick else 5):
-                SCHEDULE_MEMO.clear()
+                chk.schedule_memo.clear()
                 t0 = time.perf_counter()
                 for s in seqs:
                     chk.check(mode, seq_lens=s, req_pool_indices=slots, rids=rids)
                 best = min(best, (time.perf_counter() - t0) / STEADY_STEPS * 1e6)
-                hit_rate = SCHEDULE_MEMO.hits / max(SCHEDULE_MEMO.hits + SCHEDULE_MEMO.misses, 1)
+                hit_rate = chk.schedule_memo.hits / max(chk.schedule_memo.hits + chk.schedule_memo.misses, 1)
             r3 = best / (CALLS_PER_FORWARD * k)
             ok_s = r3 <= FULL_TARGET
             all_ok &= ok_s

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import validator
-from validator.schedule import SCHEDULE_MEMO, WalkMemo, schedule_memo, schedule_reference
+from validator.schedule import WalkMemo, schedule_memo, schedule_reference
 
 
 def assert_same_as_reference(sch, s, P, F, block, what):
@@ -128,7 +128,6 @@ def test_threads_sharing_a_memo_get_exact_schedules():
 @pytest.mark.parametrize("mode,extra", [("decode", {}), ("target_verify", {"speculative_num_draft_tokens": 4})])
 def test_checker_steps_match_reference_schedules(mode, extra):
     """Full checks of consecutive steps (the memo warm) plan the same schedules as the reference."""
-    SCHEDULE_MEMO.clear()
     chk = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200",
                             server_args={"chunked_prefill_size": 8192, "max_running_requests": 1024, **extra})
     rng = random.Random(11)
@@ -145,4 +144,16 @@ def test_checker_steps_match_reference_schedules(mode, extra):
             assert sch.num_splits.tolist() == ref.num_splits.tolist(), (t, p.call.label)
             assert sch.max_split_row == ref.max_split_row, (t, p.call.label)
             seen_nonuniform += p.lengths[0] is not None
-    assert seen_nonuniform > 0 and SCHEDULE_MEMO.hits > 0
+    assert seen_nonuniform > 0 and chk.schedule_memo.hits > 0
+
+
+def test_memo_belongs_to_its_checker():
+    """No process-wide state: plain plans compute afresh, and two checkers do not share walks."""
+    a = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
+    b = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
+    seq = [1000 + 37 * i for i in range(300)]
+    a.check("decode", seq_lens=seq)
+    assert len(a.schedule_memo) > 0 and len(b.schedule_memo) == 0
+    rep = validator.check({"engine": "sglang-dsv4@pre-25418", "forward_mode": "decode",
+                           "requests": [{"id": f"r{i}", "seq_len": s} for i, s in enumerate(seq)]})
+    assert all(p.memo is None for p in rep.plans)

@@ -31,6 +31,7 @@ from .calls import INT32_MAX, MAX_ROWS
 from .engine import check_engine_batch, draft_tokens
 from .errors import BatchIllegalError, InputError
 from .report import Report
+from .schedule import WalkMemo
 
 ROUTABLE_MODES = ("extend", "mixed")
 MAX_POSITION = 1 << 31
@@ -331,6 +332,7 @@ class Checker:
         self._template = replace(tmpl, server_args=MappingProxyType(dict(tmpl.server_args)),
                                  model=MappingProxyType(dict(tmpl.model)), label="")
         self.kernel = kernel
+        self.schedule_memo = WalkMemo()  # this checker's reusable schedule walks (bounded, locked)
         self.split = split
         self.profiles = tmpl.profiles
         self.gpu = tmpl.gpu
@@ -625,7 +627,7 @@ class Checker:
 
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:
         cols = self._columns(mode, n, ext, seq, pre, slots, k, rids)
-        return check_engine_batch(self._batch(mode, cols, pad, k), kernel=self.kernel, split=self.split)
+        return check_engine_batch(self._batch(mode, cols, pad, k), kernel=self.kernel, split=self.split, memo=self.schedule_memo)
 
     def check(self, step: Any = None, extend_lens: Any = None, seq_lens: Any = None, req_pool_indices: Any = None,
               *, forward_mode: Any = None, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,
@@ -641,9 +643,9 @@ class Checker:
             self._rows(mode, n, ext, k, pad)  # same input errors as the fast path
             return self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
         if isinstance(step, Batch):
-            return check_engine_batch(step, kernel=self.kernel, split=self.split)
+            return check_engine_batch(step, kernel=self.kernel, split=self.split, memo=self.schedule_memo)
         if is_batch_document(step):
-            return check_engine_batch(batch_from_dict(self._complete(step)), kernel=self.kernel, split=self.split)
+            return check_engine_batch(batch_from_dict(self._complete(step)), kernel=self.kernel, split=self.split, memo=self.schedule_memo)
         lists = _adapters().step_lists(step, self)
         if lists is None:
             return _idle_report()

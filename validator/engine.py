@@ -269,7 +269,7 @@ def _shape_plan(gpu, kernel: str | None, h_q: int, d_qk: int, topk: int, extra_t
                            page=page, extra_page=extra_page, label=label), gpu, kernel)
 
 
-def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length) -> Plan:
+def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None) -> Plan:
     """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
     the shape's work: the same DecodeCall fields (dataclass fields only, no derived state) and the
     same implementation and partitions."""
@@ -280,10 +280,10 @@ def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length) -> Plan:
     fields["topk_length"] = topk_length
     fields["extra_topk_length"] = extra_topk_length
     fields["meta"] = {}
-    return Plan(call, shape.gpu, shape.gen, shape.implementation, shape.num_sm_parts)
+    return Plan(call, shape.gpu, shape.gen, shape.implementation, shape.num_sm_parts, memo)
 
 
-def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None) -> None:
+def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None, memo=None) -> None:
     prof = load("engines")["profiles"]["sglang-dsv4"]
     dflt = prof["defaults"]
     total, bd = forward_rows(batch)
@@ -330,7 +330,7 @@ def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None) 
             if lengths is not None:
                 extra_len = np.minimum(lengths // 128, extra_topk)
         shape = _shape_plan(batch.gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
-        p = _decode_plan(shape, b, topk_length, extra_len)
+        p = _decode_plan(shape, b, topk_length, extra_len, memo)
         bp.calls.append(DerivedCall(spec["name"], p.call, p, "decode_kernel"))
 
 
@@ -402,13 +402,15 @@ def derive_slots(batch: Batch, version: dict, bp: BatchPlan) -> None:
 
 
 # ----------------------------------------------------------------------------------- checking
-def plan_batch(batch: Batch, kernel: str | None = None) -> BatchPlan:
+def plan_batch(batch: Batch, kernel: str | None = None, memo=None) -> BatchPlan:
+    """Derive every kernel call and slot buffer of the forward. ``memo``: a
+    :class:`~validator.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own)."""
     bp = BatchPlan(batch)
     for name, ver in batch.profiles:
         v = resolve_version(name, ver)
         bp.versions[name] = v.get("matched_release", v["name"]) if ver else v["name"]
         if name == "sglang-dsv4":
-            derive_dsv4(batch, v, bp, kernel)
+            derive_dsv4(batch, v, bp, kernel, memo)
         elif name == "sglang-slots":
             derive_slots(batch, v, bp)
     return bp
@@ -433,8 +435,8 @@ def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
     return out
 
 
-def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True) -> Report:
-    bp = plan_batch(batch, kernel)
+def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True, memo=None) -> Report:
+    bp = plan_batch(batch, kernel, memo)
     findings = _merge_call_findings(bp) + run_rules("batch", bp)
     report = Report(findings, [c.plan for c in bp.calls])
     report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),

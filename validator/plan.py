@@ -11,7 +11,7 @@ import numpy as np
 
 from .calls import DecodeCall, KernelCall, SparsePrefillCall
 from .knowledge import GPU, generation, resolve_gpu
-from .schedule import Schedule, schedule_memo, schedule_reference
+from .schedule import Schedule, WalkMemo, schedule_fast, schedule_memo, schedule_reference
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -130,6 +130,7 @@ class Plan:
     gen: dict
     implementation: Implementation | None
     num_sm_parts: int | None
+    memo: WalkMemo | None = None    # reuse walks of earlier steps (a Checker's own memo), or None
 
     @property
     def is_decode(self) -> bool:
@@ -168,15 +169,18 @@ class Plan:
     def schedule(self) -> Schedule | None:
         """The scheduler's output (fast path), or None when the scheduler never runs.
 
-        The walk of a non-uniform schedule is reused from an earlier call with the same block counts
+        With a ``memo`` (a :class:`validator.Checker` passes its own), the walk of a non-uniform
+        schedule is reused from an earlier step with the same block counts
         (see :class:`~validator.schedule.WalkMemo`): the result is the same.
         """
         if not self.scheduler_runs:
             return None
         arr, uni = self.lengths
         if uni is not None:
-            return schedule_memo(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
-        return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
+            return schedule_fast(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
+        if self.memo is not None:
+            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, memo=self.memo)
+        return schedule_fast(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
 
     def reference_schedule(self) -> Schedule | None:
         """The same schedule from the plain reference loop (slow; for tests and debugging)."""

@@ -573,22 +573,16 @@ class WalkMemo:
                 self._d.popitem(last=False)
 
 
-#: The memo :meth:`validator.plan.Plan.schedule` uses (``SCHEDULE_MEMO.clear()`` empties it).
-SCHEDULE_MEMO = WalkMemo()
-
-
 def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,
-                  uniform: int | None = None, b: int | None = None, memo: WalkMemo | None = None) -> Schedule:
+                  uniform: int | None = None, b: int | None = None, *, memo: WalkMemo) -> Schedule:
     """:func:`schedule_fast`, reusing the walk of an earlier call with the same block counts.
 
     Exactly the same Schedule (see :class:`WalkMemo`); the uniform case, O(period) already, is not
-    memoized. ``memo``: the memo to use (default :data:`SCHEDULE_MEMO`).
+    memoized. ``memo``: the memo to use; its owner (a :class:`validator.Checker`) decides its lifetime.
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
         return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
-    if memo is None:
-        memo = SCHEDULE_MEMO
     s, b, prefix, total = _stream(s, P, F, block)
     key = (P, F, tuple(prefix) if isinstance(prefix, list) else prefix.tobytes())
     hit = memo.get(key)
