@@ -91,7 +91,8 @@ class _Reader:
         raise ReprParseError("unterminated string", i)
 
     def skip_balanced(self, i: int) -> int:
-        """Skip a bracketed blob starting at ``i`` (used for ``<...>``); return the index after it."""
+        """Skip a bracketed blob starting at ``i`` (``<...>``, or ``(``/``[``/``{`` with quoted strings
+        skipped whole); return the index after it."""
         stack = [_OPEN[self.s[i]]]
         j = i + 1
         while j < self.n and stack:
@@ -118,27 +119,10 @@ class _Reader:
                 j = self.skip_balanced(j)
                 continue
             if c in "([{":
-                j = self.skip_balanced_any(j)
+                j = self.skip_balanced(j)
                 continue
             j += 1
         return self.s[i:j].strip(), j
-
-    def skip_balanced_any(self, i: int) -> int:
-        stack = [_OPEN[self.s[i]]]
-        j = i + 1
-        while j < self.n and stack:
-            c = self.s[j]
-            if c in "'\"":
-                _, j = self.string(j)
-                continue
-            if c in "([{":
-                stack.append(_OPEN[c])
-            elif c == stack[-1]:
-                stack.pop()
-            j += 1
-        if stack:
-            raise ReprParseError("unbalanced bracket", i)
-        return j
 
     def value(self, i: int, depth: int, stops: str = ",)]}") -> tuple[Any, int]:
         if depth > MAX_DEPTH:
