@@ -223,8 +223,9 @@ class Plan:
 
     def to_dict(self, with_schedule: bool = True) -> dict:
         c = self.call
+        rec = c.to_record()
         out: dict = {
-            "call": c.to_record() if len(getattr(c, "to_record")().get("seqlens") or []) <= 64 else c.summary(),
+            "call": rec if len(rec.get("seqlens") or []) <= 64 else c.summary(),
             "implementation": self.implementation.name if self.implementation else None,
             "num_sm_parts": self.num_sm_parts,
             "fixed_overhead": self.fixed_overhead,
