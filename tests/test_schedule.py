@@ -244,9 +244,10 @@ def test_uniform_scalar_form_matches_model(b, length, F):
 def test_fast_path_strategy_switches_do_not_change_results(P):
     """The fast path picks its strategy from b and P (Python or numpy prefix sums, list or
     memoryview lookups, short or binary search); results must not depend on it. b runs through
-    every b <= 140 and around b = P and b = 16 P."""
+    every b <= 140 and around b = P, b = 3 P and b = 16 P."""
     rng = random.Random(P)
-    sizes = set(range(1, 141)) | {max(1, P + d) for d in (-1, 0, 1)} | {16 * P + d for d in (-1, 0, 1, 2)}
+    sizes = (set(range(1, 141)) | {max(1, P + d) for d in (-1, 0, 1)} | {3 * P + d for d in (-1, 0, 1)}
+             | {16 * P + d for d in (-1, 0, 1, 2)})
     for b in sorted(sizes):
         s = [rng.choice([0, 1, 64, 65, 300, 4096, 70000]) for _ in range(b)]
         rows, ns = facts_schedule(s, P, 5)

@@ -34,9 +34,9 @@ def decode_steps(rng: random.Random, b: int, steps: int, lo: int, hi: int, ratio
             s[rng.randrange(b)] = rng.choice([0, 1, rng.randint(lo, hi)])
 
 
-# b <= 96 (list prefix sums), b <= P, b > P, and b > 16 P (windowed binary search)
-@pytest.mark.parametrize("b,P,F", [(5, 8, 5), (40, 132, 5), (90, 16, 5), (200, 132, 5), (300, 8, 5),
-                                   (1024, 66, 4), (256, 132, 0)])
+# b <= 96 (list prefix sums), b <= 3 P (look-ahead), b > 3 P, and b > 16 P (windowed binary search)
+@pytest.mark.parametrize("b,P,F", [(5, 8, 5), (40, 132, 5), (90, 16, 5), (200, 132, 5), (396, 132, 5),
+                                   (397, 132, 5), (300, 8, 5), (1024, 66, 4), (256, 132, 0)])
 def test_memoized_steps_match_reference(b, P, F):
     rng = random.Random(b * 1000 + P)
     memo = WalkMemo(maxsize=4)

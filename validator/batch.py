@@ -134,6 +134,12 @@ class RequestColumns(_SequenceABC):
         """
         if self._arrays is None:
             n, k = self._n, self.decode_from
+            if k == 0:                            # decode entries only: no extend or prefix
+                # (sequence lengths are validated >= 1, so they are the contexts as they are)
+                zeros = np.zeros(n, dtype=np.int64)
+                zeros.flags.writeable = False     # shared by extend and prefix
+                self._arrays = (zeros, zeros, np.asarray(self.seq, dtype=np.int64), zeros == 0)
+                return self._arrays
             ext = np.zeros(n, dtype=np.int64)
             pre = np.zeros(n, dtype=np.int64)
             if k:

@@ -7,6 +7,7 @@ The input format is the oracle record format (see the README): ``kind`` ("sparse
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -90,6 +91,9 @@ def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = I
     return arr
 
 
+LENGTH_FIELDS = ("topk_length", "extra_topk_length")
+
+
 @dataclass(frozen=True, eq=False)
 class DecodeCall:
     """One ``flash_mla_with_kvcache`` call: ``q`` is ``[b, s_q, h_q, d_qk]``.
@@ -122,6 +126,23 @@ class DecodeCall:
     @property
     def is_sparse(self) -> bool:
         return self.kind == "sparse"
+
+    @cached_property
+    def length_ranges(self) -> dict[str, tuple[int, int]]:
+        """``{field: (min, max)}`` of the per-request length arrays that are present and non-empty.
+
+        Exact, read off the arrays on first use; code that builds a call from values whose range it
+        already knows (an engine profile deriving the lengths from sequence lengths by monotone
+        maps) fills it in with :func:`with_length_ranges` instead. The rules and the effective
+        lengths read it: a constant array behaves as a scalar, and a range inside the cache width
+        needs no per-element check.
+        """
+        out = {}
+        for name in LENGTH_FIELDS:
+            a = getattr(self, name)
+            if a is not None and a.shape[0]:
+                out[name] = (int(a.min()), int(a.max()))
+        return out
 
     @property
     def has_extra(self) -> bool:
@@ -183,6 +204,13 @@ class SparsePrefillCall:
 
 
 KernelCall = DecodeCall | SparsePrefillCall
+
+
+def with_length_ranges(call: DecodeCall, ranges: dict[str, tuple[int, int]]) -> DecodeCall:
+    """Record the known exact ``(min, max)`` of the call's length arrays (see
+    :attr:`DecodeCall.length_ranges`); returns the call."""
+    call.__dict__["length_ranges"] = ranges
+    return call
 
 
 def _check_keys(rec: Mapping[str, Any], allowed: frozenset, prefix: str) -> None:

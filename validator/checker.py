@@ -190,20 +190,32 @@ def _is_int(x) -> bool:
 _INT_TYPES = frozenset({int})
 
 
-def _column(v: Any, name: str, lo: int, hi: int, n: int | None):
+def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool = False):
     """Validate one per-request integer column; return it as a list or a 1-D int64 array.
 
     Runs at C speed for lists of ints and integer arrays (type set, min, max); anything else that
-    has ``tolist()`` (a torch tensor) is converted first.
+    has ``tolist()`` (a torch tensor) is converted first. ``as_array``: a list of plain ints comes
+    back as an int64 array instead (numpy reads it once and its min and max decide the range; as
+    ``True``/``False`` would read as 1/0, the element types are looked at only when the minimum is
+    0 or 1).
     """
     if type(v) is list:
         if n is not None and len(v) != n:
             raise InputError(name, f"expected {n} values (one per request), got {len(v)}")
-        if v and (set(map(type, v)) != _INT_TYPES or min(v) < lo or max(v) > hi):
+        if not v:
+            return v
+        if as_array:
+            a = np.array(v)
+            if a.dtype == np.int64 and a.ndim == 1:
+                mn, mx = int(a.min()), int(a.max())
+                if lo <= mn and mx <= hi and (mn > 1 or set(map(type, v)) == _INT_TYPES):
+                    return a
+            return _column_slow(v, name, lo, hi)
+        if set(map(type, v)) != _INT_TYPES or min(v) < lo or max(v) > hi:
             return _column_slow(v, name, lo, hi)
         return v
     if type(v) is tuple:
-        return _column(list(v), name, lo, hi, n)
+        return _column(list(v), name, lo, hi, n, as_array)
     if isinstance(v, np.ndarray):
         if v.ndim != 1 or v.dtype.kind not in "iu":
             raise InputError(name, f"expected a 1-D integer array, got dtype {v.dtype} shape {v.shape}")
@@ -221,7 +233,7 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None):
     v = tolist()
     if not isinstance(v, list):
         raise InputError(name, f"expected a 1-D sequence of integers, got {type(v).__name__}")
-    return _column(v, name, lo, hi, n)
+    return _column(v, name, lo, hi, n, as_array)
 
 
 def _ints_within(v: list, lo: int, hi: int) -> bool:
@@ -473,22 +485,24 @@ class Checker:
         n = None
         ext = seq = pre = slots = None
         if extend_lens is not None:
-            ext = _column(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
+            ext = _column(extend_lens, "extend_lens", 0, MAX_TOKENS, None, True)
             n = len(ext)
         if seq_lens is not None:
-            seq = _column(seq_lens, "seq_lens", 1, MAX_POSITION, n)
+            seq = _column(seq_lens, "seq_lens", 1, MAX_POSITION, n, True)
             n = len(seq)
         if prefix_lens is not None:
-            pre = _column(prefix_lens, "prefix_lens", 0, MAX_POSITION, n)
+            pre = _column(prefix_lens, "prefix_lens", 0, MAX_POSITION, n, True)
         if req_pool_indices is not None:
-            slots = _column(req_pool_indices, "req_pool_indices", 0, MAX_POSITION, n)
+            slots = _column(req_pool_indices, "req_pool_indices", 0, MAX_POSITION, n, True)
         if not n:
             raise InputError("requests", "expected a non-empty step (an empty one is idle: pass forward_mode='idle')")
         if n > MAX_REQUESTS:
             raise InputError("requests", f"{n} requests is absurd (expected <= {MAX_REQUESTS})")
         if ext is not None and n > 1 and _total(ext) > MAX_ROWS:
             raise InputError("extend_lens", f"total extend tokens {_total(ext)} is absurd (expected <= {MAX_ROWS})")
-        if ext is not None and seq is not None and pre is None and any(map(operator.lt, seq, ext)):
+        if ext is not None and seq is not None and pre is None and (
+                bool((np.asarray(seq) < np.asarray(ext)).any()) if isinstance(seq, np.ndarray) or isinstance(ext, np.ndarray)
+                else any(map(operator.lt, seq, ext))):
             i = next(i for i, (a, e) in enumerate(zip(seq, ext)) if a < e)
             raise InputError(f"seq_lens[{i}]", "shorter than extend_lens: expected seq_len = prefix + extend tokens")
         if rids is not None:
@@ -506,7 +520,11 @@ class Checker:
         if isinstance(rids, (str, bytes)) or not hasattr(rids, "__len__") or len(rids) != n:
             raise InputError("rids", f"expected {n} request ids (one per request)")
         rids = list(rids)
-        types = set(map(type, rids))
+        try:
+            "".join(rids)               # C speed: every id is a string
+            types = {str}
+        except TypeError:
+            types = set(map(type, rids))
         if types - {str, int}:
             i = _bad_element(rids, lambda x: type(x) in (str, int))
             raise InputError(f"rids[{i}]", f"expected a string, got {rids[i]!r}")
@@ -536,7 +554,12 @@ class Checker:
     def _batch(self, mode, cols, pad, num_merged: int) -> Batch:
         if num_merged:
             mode = "mixed"
-        return replace(self._template, forward_mode=mode, requests=cols, padded_rows=pad)
+        # the template with this step's fields (what dataclasses.replace does, without re-running
+        # the frozen __init__ field by field: the template is already valid)
+        b = object.__new__(Batch)
+        b.__dict__.update(self._template.__dict__)
+        b.__dict__.update(forward_mode=mode, requests=cols, padded_rows=pad)
+        return b
 
     @staticmethod
     def _max_slot(slots) -> int | None:

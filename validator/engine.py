@@ -15,11 +15,11 @@ from functools import lru_cache
 import numpy as np
 
 from .batch import Batch, request_arrays
-from .calls import DecodeCall, SparsePrefillCall
+from .calls import DecodeCall, SparsePrefillCall, with_length_ranges
 from .errors import InputError
 from .knowledge import load
 from .plan import Plan, plan
-from .registry import run_rules
+from .registry import run_rules, shape_rules
 from .report import Finding, Report
 
 
@@ -223,13 +223,15 @@ def causal_lengths(batch: Batch, total: int) -> np.ndarray:
     mode = batch.forward_mode
     d = draft_tokens(batch)
     ext, pre, ctx, is_dec = request_arrays(batch.requests)
-    if mode == "target_verify":
-        starts, counts = ctx, np.full(ctx.shape[0], d, dtype=np.int64)
+    if mode == "decode":                 # one row per entry: its context
+        arr = ctx
+    elif mode == "target_verify":        # d rows per request: context .. context + d - 1
+        arr = (ctx[:, None] + np.arange(d, dtype=np.int64)).reshape(-1)
     else:
         n_ext = np.where(ext > 0, ext, d) if mode == "draft_extend" else ext
         starts = np.where(is_dec, ctx, pre + 1)
         counts = np.where(is_dec, 1, n_ext)
-    arr = _ranges(starts, counts)
+        arr = _ranges(starts, counts)
     if batch.mixed:
         arr = np.concatenate([arr, np.array([r.context_len for r in batch.running], dtype=np.int64)])
     if arr.shape[0] < total:
@@ -269,69 +271,122 @@ def _shape_plan(gpu, kernel: str | None, h_q: int, d_qk: int, topk: int, extra_t
                            page=page, extra_page=extra_page, label=label), gpu, kernel)
 
 
-def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None) -> Plan:
+@lru_cache(maxsize=1024)
+def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool) -> frozenset:
+    """Codes of the shape-only rules that find nothing for calls of ``shape`` with these length
+    arrays present: they find nothing for any ``b`` and any length values (see the registry), so
+    the calls derived every step skip them."""
+    one = np.zeros(1, dtype=np.int64)
+    p = _decode_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, skip_quiet=False)
+    return frozenset(r.code for r in shape_rules() if not r.func(p))
+
+
+def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
+                 skip_quiet: bool = True) -> Plan:
     """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
     the shape's work: the same DecodeCall fields (dataclass fields only, no derived state) and the
-    same implementation and partitions."""
+    same implementation and partitions. ``ranges``: the exact ``(min, max)`` of the length arrays
+    when the caller knows them (see :attr:`DecodeCall.length_ranges`). ``skip_quiet``: mark the
+    shape-only rules that are silent for this shape, so the rule pass skips them."""
     call = object.__new__(DecodeCall)
     fields = call.__dict__
     fields.update(shape.call.__dict__)
+    fields.pop("length_ranges", None)
     fields["b"] = b
     fields["topk_length"] = topk_length
     fields["extra_topk_length"] = extra_topk_length
     fields["meta"] = {}
-    return Plan(call, shape.gpu, shape.gen, shape.implementation, shape.num_sm_parts, memo)
+    if ranges is not None:
+        with_length_ranges(call, ranges)
+    quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None) if skip_quiet else frozenset()
+    p = object.__new__(Plan)      # the shape's plan with this call (its fields are already checked)
+    p.__dict__.update(call=call, gpu=shape.gpu, gen=shape.gen, implementation=shape.implementation,
+                      num_sm_parts=shape.num_sm_parts, memo=memo, quiet_rules=quiet)
+    return p
+
+
+@dataclass(frozen=True)
+class _Dsv4Setup:
+    """What a DeepSeek-V4 forward's calls depend on besides the step: the per-ratio call shapes
+    (planned once, with their silent shape-only rules), the scheduler's row limit and the routing
+    threshold. Built once per configuration (:func:`_dsv4_setup`)."""
+
+    h_q: int
+    threshold: int | None
+    max_rows: int
+    # per compression ratio: (name, ratio, extra_topk or None, shape plan)
+    calls: tuple
+    # the same calls as sparse-prefill plans, for forwards routed to flash_mla_sparse_fwd: (name, topk)
+    prefill_topk: tuple
+
+
+@lru_cache(maxsize=256)
+def _dsv4_setup(gpu, kernel: str | None, h_q: int, context_length: int, threshold: int | None) -> _Dsv4Setup:
+    prof = load("engines")["profiles"]["sglang-dsv4"]
+    dflt = prof["defaults"]
+    d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
+    probe = _shape_plan(gpu, kernel, h_q, d_qk, topk, None, 64, None, "")
+    c128_width = -(-(-(-context_length // 128)) // 64) * 64
+    calls, prefill = [], []
+    for spec in prof["calls"]:
+        r = spec["ratio"]
+        extra_topk = extra_page = None
+        if r == 4:
+            extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
+        elif r == 128:
+            extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
+        shape = _shape_plan(gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
+        calls.append((spec["name"], r, extra_topk, shape))
+        prefill.append((spec["name"], topk + (extra_topk or 0)))
+    return _Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill))
 
 
 def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None, memo=None) -> None:
-    prof = load("engines")["profiles"]["sglang-dsv4"]
-    dflt = prof["defaults"]
+    dflt = load("engines")["profiles"]["sglang-dsv4"]["defaults"]
     total, bd = forward_rows(batch)
-    h_q = heads_per_rank(batch, dflt)
-    d_qk = dflt["d_qk"]
+    ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
     threshold = version.get("sparse_prefill_threshold")
-    routable = batch.forward_mode in ("extend", "mixed")
+    setup = _dsv4_setup(batch.gpu, kernel, heads_per_rank(batch, dflt), ctx, threshold)
+    mode = batch.forward_mode
+    routable = mode == "extend" or mode == "mixed"
     routed = routable and threshold is not None and total > threshold
-    probe = _shape_plan(batch.gpu, kernel, h_q, d_qk, dflt["swa_topk"], None, 64, None, "")
-    max_rows = probe.max_sched_rows
+    max_rows = setup.max_rows
     bp.rows, bp.row_breakdown, bp.max_decode_rows = total, bd, max_rows
     if routed:
         reason = f"extend forward with {total} rows > threshold {threshold}: sent to flash_mla_sparse_fwd"
     elif threshold is None:
         reason = "this version sends every forward to flash_mla_with_kvcache (no sparse-prefill routing)"
     elif not routable:
-        reason = f"{batch.forward_mode} forwards are never routed: they go to flash_mla_with_kvcache"
+        reason = f"{mode} forwards are never routed: they go to flash_mla_with_kvcache"
     else:
         reason = f"{total} rows <= threshold {threshold}: sent to flash_mla_with_kvcache"
     bp.routing = {"threshold": threshold, "routed": routed, "reason": reason, "version": version["name"]}
-    ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
-    c128_width = -(-(-(-ctx // 128)) // 64) * 64
     if routed:
-        for spec in prof["calls"]:
-            extra = 0 if spec["ratio"] == 0 else (dflt["c4_extra_topk"] if spec["ratio"] == 4 else c128_width)
-            call = SparsePrefillCall(s_q=total, h_q=h_q, d_qk=d_qk, topk=dflt["swa_topk"] + extra, label=spec["name"])
-            bp.calls.append(DerivedCall(spec["name"], call, plan(call, batch.gpu, kernel), "sparse_prefill"))
+        for name, topk in setup.prefill_topk:
+            call = SparsePrefillCall(s_q=total, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
+            bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, kernel), "sparse_prefill"))
         return
-    lengths = None
-    if 0 < total <= max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
-        lengths = causal_lengths(batch, total)
     b = max(total, 1)
+    if not 0 < total <= max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
+        for name, r, extra_topk, shape in setup.calls:
+            p = _decode_plan(shape, b, None, None, memo)
+            bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+        return
+    lengths = causal_lengths(batch, total)
     topk = dflt["swa_topk"]
-    topk_length = np.minimum(lengths, topk) if lengths is not None else None
-    for spec in prof["calls"]:
-        r = spec["ratio"]
-        extra_topk = extra_page = extra_len = None
-        if r == 4:
-            extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
-            if lengths is not None:
-                extra_len = np.minimum(lengths // 4, extra_topk)
-        elif r == 128:
-            extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
-            if lengths is not None:
-                extra_len = np.minimum(lengths // 128, extra_topk)
-        shape = _shape_plan(batch.gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
-        p = _decode_plan(shape, b, topk_length, extra_len, memo)
-        bp.calls.append(DerivedCall(spec["name"], p.call, p, "decode_kernel"))
+    topk_length = np.minimum(lengths, topk)
+    # every length array below is a non-decreasing function of the row's causal length, so its exact
+    # range follows from the causal lengths' range
+    lo, hi = int(lengths.min()), int(lengths.max())
+    tl_range = (min(lo, topk), min(hi, topk))
+    for name, r, extra_topk, shape in setup.calls:
+        if extra_topk is None:
+            extra_len, ranges = None, {"topk_length": tl_range}
+        else:
+            extra_len = np.minimum(lengths // r, extra_topk)
+            ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
+        p = _decode_plan(shape, b, topk_length, extra_len, memo, ranges)
+        bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
 
 
 # ----------------------------------------------------------------------------------- slots

@@ -86,8 +86,24 @@ def select_implementation(call: DecodeCall, gpu: GPU, gen: dict) -> Implementati
     return None
 
 
+def _nonzero(x: int) -> int:
+    """A length of 0 counts as 1 (scalar form of ``where(x == 0, 1, x)``, non-decreasing in x)."""
+    return 1 if x == 0 else x
+
+
+def _round64(x: int) -> int:
+    return -(-x // 64) * 64
+
+
 def effective_lengths(call: DecodeCall, gen: dict) -> tuple[np.ndarray | None, int | None]:
-    """Per-request key lengths the scheduler sees: ``(array, None)`` or ``(None, uniform_value)``."""
+    """Per-request key lengths the scheduler sees: ``(array, None)`` or ``(None, uniform_value)``.
+
+    Sparse calls: ``topk_length`` (0 counts as 1; ``topk`` when absent), rounded up to 64 when
+    there is an extra cache, plus ``extra_topk_length`` (``extra_topk`` when absent). Every step is
+    non-decreasing in each length, so a length array whose range (:attr:`DecodeCall.length_ranges`)
+    maps to one value acts as that scalar, and an array plus a scalar is uniform exactly when its
+    range says so; only the sum of two varying arrays is compared element-wise.
+    """
     if call.kind == "dense":
         s = call.seqlens
         if s.shape[0] and bool((s == s[0]).all()):
@@ -95,29 +111,50 @@ def effective_lengths(call: DecodeCall, gen: dict) -> tuple[np.ndarray | None, i
         return s, None
     if gen.get("effective_length") == "constant_topk":
         return None, call.topk
-    if call.topk_length is None:
-        base_uniform = 1 if call.topk == 0 else call.topk
-        base = None
+    tl, el = call.topk_length, call.extra_topk_length
+    if tl is None and el is None:
+        ranges = {}
+    elif not call.b:
+        return np.zeros(0, dtype=np.int64), None
     else:
-        base = np.where(call.topk_length == 0, 1, call.topk_length)
-        base_uniform = None
+        ranges = call.length_ranges
+    base = None                        # the varying part, or None when it is the scalar base_u
+    if tl is None:
+        base_u = 1 if call.topk == 0 else call.topk
+    else:
+        lo, hi = ranges["topk_length"]
+        lo, hi = _nonzero(lo), _nonzero(hi)
+        if lo == hi:
+            base_u = lo
+        else:
+            base = np.where(tl == 0, 1, tl)
     if call.extra_topk is not None:
         if base is None:
-            base_uniform = _cdiv(base_uniform, 64) * 64
+            base_u = _round64(base_u)
         else:
-            base = (base + 63) // 64 * 64
-        if call.extra_topk_length is None:
+            lo, hi = _round64(lo), _round64(hi)
+            if lo == hi:
+                base, base_u = None, lo
+            else:
+                base = (base + 63) // 64 * 64
+        if el is None:
             if base is None:
-                return None, base_uniform + call.extra_topk
+                return None, base_u + call.extra_topk
             base = base + call.extra_topk
         else:
+            elo, ehi = ranges["extra_topk_length"]
             if base is None:
-                base = np.full(call.b, base_uniform, dtype=np.int64)
-            base = base + call.extra_topk_length
+                if elo == ehi:
+                    return None, base_u + ehi
+                return el + base_u, None   # a scalar plus a varying array varies
+            if elo == ehi:
+                return base + ehi, None    # a varying array plus a scalar varies
+            base = base + el
+            if bool((base == base[0]).all()):
+                return None, int(base[0])
+            return base, None
     if base is None:
-        return None, base_uniform
-    if call.b and bool((base == base[0]).all()):
-        return None, int(base[0])
+        return None, base_u
     return base, None
 
 
@@ -131,6 +168,7 @@ class Plan:
     implementation: Implementation | None
     num_sm_parts: int | None
     memo: WalkMemo | None = None    # reuse walks of earlier steps (a Checker's own memo), or None
+    quiet_rules: frozenset = frozenset()   # shape-only rules known silent for this shape (see registry)
 
     @property
     def is_decode(self) -> bool:

@@ -3,6 +3,12 @@
 A rule is registered with ``@rule("FMLA001", scope="call")``; its docstring is its documentation
 page (sections: What, Why it crashes, Example, Fix, Source) and ``validate-batch explain CODE``
 prints it. Rules are pure: they read a plan and return findings; they never raise on bad numbers.
+
+``shape_only=True`` declares that a call rule reads only the call's shape (heads, head dimension,
+cache widths and layout, which length arrays are present, the GPU, the implementation and its
+partitions), never ``b``, the per-request length values or the schedule. A plan may then carry
+``quiet_rules``: codes of shape-only rules already found silent on a plan of the same shape, which
+:func:`run_rules` skips (the engine profiles do this for the calls they derive every step).
 """
 from __future__ import annotations
 
@@ -25,6 +31,7 @@ class Rule:
     failure: str
     source: str
     family: str
+    shape_only: bool = False
 
     @property
     def doc(self) -> str:
@@ -39,7 +46,7 @@ class Rule:
 REGISTRY: dict[str, Rule] = {}
 
 
-def rule(code: str, scope: str = "call"):
+def rule(code: str, scope: str = "call", shape_only: bool = False):
     """Register a rule function under a stable code; metadata comes from the catalog."""
 
     def deco(func):
@@ -49,7 +56,7 @@ def rule(code: str, scope: str = "call"):
         if code in REGISTRY:
             raise KeyError(f"rule code {code} registered twice")
         r = Rule(code, scope, func, meta["title"], meta["severity"], meta.get("failure", ""),
-                 meta.get("source", ""), meta.get("family", code[:-3]))
+                 meta.get("source", ""), meta.get("family", code[:-3]), shape_only)
         REGISTRY[code] = r
         func.rule = r
         return func
@@ -79,9 +86,21 @@ def rules_for(scope: str) -> tuple[Rule, ...]:
     return _scope_rules(scope, len(REGISTRY))
 
 
+def shape_rules() -> tuple[Rule, ...]:
+    """The call rules declared ``shape_only``."""
+    return tuple(r for r in rules_for("call") if r.shape_only)
+
+
+@lru_cache(maxsize=256)
+def _active_rules(scope: str, num_registered: int, skip: frozenset) -> tuple[Rule, ...]:
+    return tuple(r for r in _scope_rules(scope, num_registered) if r.code not in skip)
+
+
 def run_rules(scope: str, subject) -> list[Finding]:
     out: list[Finding] = []
-    for r in rules_for(scope):
+    skip = getattr(subject, "quiet_rules", None)
+    rules = _active_rules(scope, len(REGISTRY), skip) if skip else rules_for(scope)
+    for r in rules:
         res: Iterable[Finding] | None = r.func(subject)
         if res:
             out.extend(res)

@@ -139,9 +139,13 @@ def topk_length_range(p: Plan):
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
     out = []
+    ranges = c.length_ranges
     for name, arr, width in (("topk_length", c.topk_length, c.topk),
                              ("extra_topk_length", c.extra_topk_length, c.extra_topk)):
-        if arr is None or width is None:
+        if arr is None or width is None or name not in ranges:
+            continue
+        lo, hi = ranges[name]
+        if lo >= 0 and hi <= width:
             continue
         bad = (arr < 0) | (arr > width)
         if bad.any():
@@ -156,7 +160,7 @@ def topk_length_range(p: Plan):
     return out
 
 
-@rule("FMLA004")
+@rule("FMLA004", shape_only=True)
 def topk_alignment(p: Plan):
     """``topk % 64 == 0`` (SM100 head64 also ``extra_topk % 64 == 0``).
 
@@ -195,7 +199,7 @@ def topk_alignment(p: Plan):
     return out
 
 
-@rule("FMLA005")
+@rule("FMLA005", shape_only=True)
 def sparse_heads(p: Plan):
     """Sparse decode shapes: ``h_q in {64, 128}``, ``h_kv == 1``, ``d_qk in {512, 576}``, ``d_v == 512``.
 
@@ -244,7 +248,7 @@ def sparse_heads(p: Plan):
     return out
 
 
-@rule("FMLA006")
+@rule("FMLA006", shape_only=True)
 def v32_layout(p: Plan):
     """V3.2 layout (``d_qk == 576``) on SM90 takes no ``topk_length`` and no extra KV cache.
 
@@ -280,7 +284,7 @@ def v32_layout(p: Plan):
     return out
 
 
-@rule("FMLA007")
+@rule("FMLA007", shape_only=True)
 def kv_layout(p: Plan):
     """KV cache ``[blocks, page, 1, bytes_per_token]`` with ``stride(1) == bytes_per_token``.
 
@@ -325,7 +329,7 @@ def kv_layout(p: Plan):
     return out
 
 
-@rule("FMLA008")
+@rule("FMLA008", shape_only=True)
 def combine_parts(p: Plan):
     """``num_sm_parts <= 160``: the combine kernel is dispatched for at most 160 partitions.
 
@@ -355,7 +359,7 @@ def combine_parts(p: Plan):
         fix="use a FlashMLA build whose combine kernel covers this many partitions")]
 
 
-@rule("FMLA009")
+@rule("FMLA009", shape_only=True)
 def int32_strides(p: Plan):
     """Every tensor stride of the call fits in int32.
 
@@ -437,7 +441,7 @@ def workspace(p: Plan):
     return None
 
 
-@rule("FMLA011")
+@rule("FMLA011", shape_only=True)
 def dense_envelope(p: Plan):
     """Dense decode runs only on SM90 with a page block size of 64.
 
@@ -471,7 +475,7 @@ def dense_envelope(p: Plan):
     return out
 
 
-@rule("FMLA012")
+@rule("FMLA012", shape_only=True)
 def sparse_requirements(p: Plan):
     """Sparse decode needs ``is_fp8_kvcache=True`` and ``causal=False``.
 
@@ -505,7 +509,7 @@ def sparse_requirements(p: Plan):
     return out
 
 
-@rule("FMLA013")
+@rule("FMLA013", shape_only=True)
 def implementation_exists(p: Plan):
     """There must be a decode implementation for the GPU's architecture and the call's shape.
 

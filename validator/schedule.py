@@ -25,8 +25,8 @@ are derived lazily, only when somebody asks for them.
 Speed notes (the non-uniform walk is one Python step per partition, so constant factors matter):
 small batches build prefix sums with Python ints (numpy's per-call overhead dominates there); large
 ones keep them in numpy and binary-search them through a memoryview instead of converting b values to
-Python ints; with at most about one request per partition the next boundary is found by looking one
-or two requests ahead.
+Python ints; with up to about three requests per partition the next boundary is found by looking up
+to three requests ahead.
 """
 from __future__ import annotations
 
@@ -156,6 +156,7 @@ class Schedule:
     starts: list | None = None          # fast path, non-uniform: where each active partition begins
     total: int = 0                      # fast path: stream length sum(n_i + F)
     prefix: np.ndarray | list | None = None  # fast path, non-uniform: C [b + 1] (int64, or ints)
+    widths: np.ndarray | None = None    # n_i + F per request, when ``prefix`` is left to be built
     period: Period | None = None        # fast path, uniform
     num_split_events: int = 0
     last_split_request: int = -1        # index of the last request that is split (-1 when none is)
@@ -239,9 +240,7 @@ class Schedule:
                 self._rows_from_positions(out, xs, q, xs - q * w, np.where, 0 if s_zero else n0)
         else:
             m = len(self.starts)
-            C, s = self.prefix, self.lengths
-            if not isinstance(C, np.ndarray):
-                C = self.prefix = np.array(C, dtype=np.int64)
+            C, s = self._prefix_array(), self.lengths
             n0 = int(C[1]) - F
             n_last = int(C[b] - C[b - 1]) - F
             s_zero = bool(s[b - 1] == 0)
@@ -253,6 +252,15 @@ class Schedule:
         # its per-request array, begin_block = last_0; they end with the last request.
         out[m:] = (b, b - 1, n0 - 1, 0 if s_zero else n_last, 0, 0, 0, 0)
         return out
+
+    def _prefix_array(self) -> np.ndarray:
+        """The stream's prefix sums ``C`` as an int64 array (built from ``widths`` on first use)."""
+        C = self.prefix
+        if C is None:
+            C = self.prefix = _prefix_of(self.widths)
+        elif not isinstance(C, np.ndarray):
+            C = self.prefix = np.array(C, dtype=np.int64)
+        return C
 
     def _rows_from_positions(self, out, xs, q, R, _uniform, full_blocks) -> None:
         """Rows of the active partitions from their start positions ``xs`` (plus the final stop),
@@ -267,7 +275,7 @@ class Schedule:
         if _uniform is not None:
             eb = np.where(sp, rem, full_blocks)
         else:
-            C, s = self.prefix, self.lengths
+            C, s = self._prefix_array(), self.lengths
             full = xs[1:] - C[er]             # an unsplit end request is whole: n blocks (0 if empty)
             full -= F
             full[s[er] == 0] = 0
@@ -438,8 +446,9 @@ def _walk_prefix_windowed(C, P: int, F: int, total: int):
 
 
 def _walk_prefix_short(C, P: int, F: int, total: int):
-    """:func:`_walk_prefix` for at most about one request per partition: look at the next two
-    boundaries before falling back to a binary search."""
+    """:func:`_walk_prefix` for a few requests per partition (up to about three): look at the next
+    three boundaries before falling back to a binary search. (``c <= x`` implies ``end - c > F``, as
+    the payload exceeds ``F``, so one comparison decides a split.)"""
     QF = -(-total // P) + F
     starts: list[int] = []
     events: list[int] = []
@@ -454,10 +463,12 @@ def _walk_prefix_short(C, P: int, F: int, total: int):
         if C[r] <= end:
             r += 1
             if C[r] <= end:
-                r = bisect_right(C, end, r)
+                r += 1
+                if C[r] <= end:
+                    r = bisect_right(C, end, r)
         r -= 1
         c = C[r]
-        if c <= x or end - c > F:
+        if end - c > F:
             x = end - F
             add_event(r)
         else:
@@ -470,6 +481,8 @@ def _walk_prefix_short(C, P: int, F: int, total: int):
 # (one binary search per partition) instead of being converted to Python ints one by one.
 _SMALL_B = 96
 _MEMORYVIEW_RATIO = 16
+# Up to this many requests per partition the next boundary is looked for among the next three.
+_SHORT_RATIO = 3
 
 
 def _stream(s, P: int, F: int, block: int):
@@ -481,26 +494,38 @@ def _stream(s, P: int, F: int, block: int):
     if b <= _SMALL_B:
         prefix = list(accumulate([(v - 1 if v > 1 else 0) // block + w0 for v in s.tolist()], initial=0))
         return s, b, prefix, prefix[b]
-    # n + F = max(ceil(s / block), 1) + F = max(floor((s + block - 1 + block * F) / block), 1 + F)
-    blocks = s + (block - 1 + block * F)
-    if block == 64:
-        blocks >>= 6
-    else:
-        blocks //= block
-    np.maximum(blocks, w0, out=blocks)
-    prefix = np.empty(b + 1, dtype=np.int64)
-    prefix[0] = 0
-    np.cumsum(blocks, out=prefix[1:])
+    prefix = _prefix_of(_widths(s, F, block))
     return s, b, prefix, int(prefix[b])
+
+
+def _widths(s: np.ndarray, F: int, block: int) -> np.ndarray:
+    """``n_i + F`` per request (int64): ``max(ceil(s / block), 1) + F``, i.e.
+    ``max(floor((s + block - 1 + block * F) / block), 1 + F)``."""
+    w = s + (block - 1 + block * F)
+    if block == 64:
+        w >>= 6
+    else:
+        w //= block
+    np.maximum(w, 1 + F, out=w)
+    return w
+
+
+def _prefix_of(widths: np.ndarray) -> np.ndarray:
+    """``C``: 0 followed by the running sum of the widths."""
+    prefix = np.empty(widths.shape[0] + 1, dtype=np.int64)
+    prefix[0] = 0
+    widths.cumsum(out=prefix[1:])
+    return prefix
 
 
 def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
     """The greedy walk over the stream's prefix sums, by the variant that suits ``b`` and ``P``."""
+    walk = _walk_prefix_short if b <= _SHORT_RATIO * P else _walk_prefix
     if isinstance(prefix, list):
-        return (_walk_prefix_short if b <= P else _walk_prefix)(prefix, P, F, total)
+        return walk(prefix, P, F, total)
     if b > _MEMORYVIEW_RATIO * P:
         return _walk_prefix_windowed(memoryview(prefix), P, F, total)
-    return (_walk_prefix_short if b <= P else _walk_prefix)(prefix.tolist(), P, F, total)
+    return walk(prefix.tolist(), P, F, total)
 
 
 def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int) -> Schedule:
@@ -583,13 +608,24 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
         return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
-    s, b, prefix, total = _stream(s, P, F, block)
-    key = (P, F, tuple(prefix) if isinstance(prefix, list) else prefix.tobytes())
+    s = np.asarray(s, dtype=np.int64)
+    b = s.shape[0]
+    if b <= _SMALL_B:
+        s, b, prefix, total = _stream(s, P, F, block)
+        key = (P, F, tuple(prefix))
+        widths = None
+    else:       # keyed by the widths, whose prefix sums are built only when the walk is not reused
+        widths = _widths(s, F, block)
+        key = (P, F, widths.tobytes())
+        prefix = None
     hit = memo.get(key)
     if hit is None:
+        if prefix is None:
+            prefix = _prefix_of(widths)
+            total = int(prefix[b])
         starts, events = _walk(prefix, b, P, F, total)
-        memo.put(key, (tuple(starts), tuple(events)))
+        memo.put(key, (tuple(starts), tuple(events), total))
     else:
-        starts, events = list(hit[0]), list(hit[1])
+        starts, events, total = list(hit[0]), list(hit[1]), hit[2]
     return Schedule(b, P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total,
-                    prefix=prefix)
+                    prefix=prefix, widths=widths)
