@@ -68,11 +68,15 @@ def kernel_times() -> dict[int, float]:
 
 def timed(fns: dict, numbers: dict, repeat: int) -> dict:
     """Per function, the best (minimum) over ``repeat`` rounds of the mean time of one call, in
-    microseconds. Rounds interleave the functions, so background load hits them alike."""
+    microseconds. Rounds interleave the functions, so background load hits them alike; each round
+    starts with one untimed call, so that it measures the function's own cost rather than the
+    first call after thousands of calls of another one (which finds the CPU caches full of the
+    other's code and data, and can cost several times more: it would dominate rounds of few calls)."""
     best = {k: float("inf") for k in fns}
     for _ in range(repeat):
         for k, fn in fns.items():
             number = numbers[k]
+            fn()
             t0 = time.perf_counter()
             for _ in range(number):
                 fn()

@@ -214,10 +214,11 @@ class Plan:
         if not self.scheduler_runs:
             return None
         arr, uni = self.lengths
+        if self.memo is not None:
+            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni,
+                                 b=self.call.b, memo=self.memo)
         if uni is not None:
             return schedule_fast(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
-        if self.memo is not None:
-            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, memo=self.memo)
         return schedule_fast(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
 
     def reference_schedule(self) -> Schedule | None:

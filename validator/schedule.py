@@ -528,9 +528,16 @@ def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
     return walk(prefix.tolist(), P, F, total)
 
 
-def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int) -> Schedule:
+def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:
     w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
-    pr = _period(b, P, F, w)
+    if memo is None:
+        pr = _period(b, P, F, w)
+    else:                   # the period depends on b, P, F and the width alone
+        key = ("period", b, P, F, w)
+        pr = memo.get(key)
+        if pr is None:
+            pr = _period(b, P, F, w)
+            memo.put(key, pr)
     return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
                     num_split_events=pr.num_events, last_split_request=pr.last_event())
 
@@ -559,7 +566,9 @@ class WalkMemo:
     counts ``n_i + F``; the lengths themselves (which of them are 0) are read only when the metadata
     rows are built, from the Schedule's own ``lengths``. So a step whose block counts equal an
     earlier step's - consecutive decode steps, until some request crosses a 64-token block - reuses
-    that walk exactly. Entries are keyed by ``(P, F, C)`` and evicted least recently used first.
+    that walk exactly. Entries are keyed by ``(P, F, widths)`` (small batches: ``(P, F, C)``), and
+    uniform schedules keep their :class:`Period` under ``("period", b, P, F, w)``; the least
+    recently used entry is evicted first.
     """
 
     def __init__(self, maxsize: int = 64):
@@ -602,12 +611,13 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
                   uniform: int | None = None, b: int | None = None, *, memo: WalkMemo) -> Schedule:
     """:func:`schedule_fast`, reusing the walk of an earlier call with the same block counts.
 
-    Exactly the same Schedule (see :class:`WalkMemo`); the uniform case, O(period) already, is not
-    memoized. ``memo``: the memo to use; its owner (a :class:`validator.Checker`) decides its lifetime.
+    Exactly the same Schedule (see :class:`WalkMemo`); for uniform lengths the memo keeps the
+    period of the walk (a function of b, P, F and the width). ``memo``: the memo to use; its owner
+    (a :class:`validator.Checker`) decides its lifetime.
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
-        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
+        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
     s = np.asarray(s, dtype=np.int64)
     b = s.shape[0]
     if b <= _SMALL_B:
