@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 import validator
@@ -211,6 +212,42 @@ def test_real_torch_tensors_if_available(pre):
     rep = pre.check(b)
     assert rep.legal and rep.context["query_rows"] == 2
     assert pre.verdict("decode", seq_lens=torch.tensor([5, 6, 7])) is LEGAL
+
+
+class HostTensor(FakeTensor):
+    """A tensor in host memory: ``numpy()`` is a view (no per-element conversion)."""
+
+    device = SimpleNamespace(type="cpu")
+
+    def numpy(self):
+        return np.asarray(self.values, dtype=np.int32)
+
+
+class DeviceTensor(FakeTensor):
+    device = SimpleNamespace(type="cuda")
+
+    def numpy(self):
+        raise TypeError("can't convert cuda tensor to numpy")
+
+
+def test_host_tensors_are_read_as_arrays_and_device_tensors_as_lists(pre):
+    from validator.adapters import step_lists
+
+    seq = [4096, 70, 1, 9000]
+    want = pre.check("decode", seq_lens=seq, rids=["a", "b", "c", "d"])
+    for cls, kind in ((HostTensor, np.ndarray), (DeviceTensor, list)):
+        b = schedule_batch(ForwardMode.DECODE, ["a", "b", "c", "d"], seq=seq)
+        b.seq_lens_cpu = cls(seq)
+        lists = step_lists(b, pre)
+        assert isinstance(lists["seq_lens"], kind) and list(lists["seq_lens"]) == seq
+        assert (b.seq_lens_cpu.reads == 0) == (cls is HostTensor)
+        rep = pre.check(b)
+        assert rep.legal == want.legal and rep.to_dict() == want.to_dict()
+    b = schedule_batch(ForwardMode.DECODE, ["a", "b"], seq=[5, 6])
+    b.seq_lens_cpu = HostTensor([5, 0])
+    with pytest.raises(InputError) as ei:
+        pre.check(b)
+    assert ei.value.field == "seq_lens[1]"
 
 
 # ------------------------------------------------------------------ vLLM

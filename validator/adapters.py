@@ -24,11 +24,14 @@ vLLM ``SchedulerOutput`` (what ``Scheduler.schedule()`` returns):
 * The step is one flattened forward: one query row per scheduled token. It is a decode step when
   every request computes exactly one token on top of a computed prefix, an extend step otherwise.
 
-Values may be lists, tuples, numpy arrays or tensors (read through ``tolist()``).
+Values may be lists, tuples, numpy arrays or tensors (host tensors are read as numpy views, device
+tensors through ``tolist()``).
 """
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from .batch import MAX_TOKENS
 from .errors import InputError
@@ -53,11 +56,24 @@ def is_vllm_output(obj: Any) -> bool:
     return hasattr(obj, "num_scheduled_tokens") and hasattr(obj, "scheduled_new_reqs")
 
 
-def _as_list(v: Any, where: str) -> list:
+def _as_list(v: Any, where: str):
+    """A per-request column as the Checker takes it: lists as they are; numpy arrays, and tensors
+    that live in host memory, as numpy arrays (a view: no per-element conversion); anything else
+    with ``tolist()`` (a tensor on a device) as a list."""
     if isinstance(v, list):
         return v
     if isinstance(v, tuple):
         return list(v)
+    if isinstance(v, np.ndarray):
+        return v
+    to_numpy = getattr(v, "numpy", None)
+    if callable(to_numpy) and getattr(getattr(v, "device", None), "type", "cpu") == "cpu":
+        try:
+            a = to_numpy()
+        except (TypeError, RuntimeError, ValueError):
+            a = None
+        if isinstance(a, np.ndarray):
+            return a
     tolist = getattr(v, "tolist", None)
     if tolist is not None:
         out = tolist()

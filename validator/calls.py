@@ -63,6 +63,12 @@ def _bool(rec: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
     return v
 
 
+def min_max(a: np.ndarray) -> tuple[int, int]:
+    """``(min, max)`` of a non-empty integer array as Python ints (the ufunc reductions directly:
+    ``ndarray.min`` goes through a Python-level wrapper first, which shows on every step)."""
+    return int(np.minimum.reduce(a)), int(np.maximum.reduce(a))
+
+
 def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX) -> np.ndarray:
     """Validate a per-request integer list of length ``n`` and return it as int64 numpy."""
     if isinstance(v, np.ndarray):
@@ -84,7 +90,7 @@ def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = I
     if arr.shape[0] != n:
         raise InputError(where, f"expected a list of length b={n}, got length {arr.shape[0]}")
     if n:
-        mn, mx = int(arr.min()), int(arr.max())
+        mn, mx = min_max(arr)
         if mn < lo or mx > hi:
             bad = int(np.argmax((arr < lo) | (arr > hi)))
             raise InputError(f"{where}[{bad}]", f"expected {lo}..{hi}, got {int(arr[bad])}")
@@ -141,7 +147,7 @@ class DecodeCall:
         for name in LENGTH_FIELDS:
             a = getattr(self, name)
             if a is not None and a.shape[0]:
-                out[name] = (int(a.min()), int(a.max()))
+                out[name] = min_max(a)
         return out
 
     @property

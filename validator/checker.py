@@ -27,8 +27,8 @@ import numpy as np
 
 from .batch import (FORWARD_MODES, KNOWN_ARGS, MAX_REQUESTS, MAX_TOKENS, MODE_ALIASES, Batch, RequestColumns,
                     batch_from_dict, is_batch_document, normalize_arg_name)
-from .calls import INT32_MAX, MAX_ROWS
-from .engine import check_engine_batch, draft_tokens
+from .calls import INT32_MAX, MAX_ROWS, min_max
+from .engine import check_engine_batch, draft_tokens, engine_setup
 from .errors import BatchIllegalError, InputError
 from .report import Report
 from .schedule import WalkMemo
@@ -207,7 +207,7 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
         if as_array:
             a = np.array(v)
             if a.dtype == np.int64 and a.ndim == 1:
-                mn, mx = int(a.min()), int(a.max())
+                mn, mx = min_max(a)
                 if lo <= mn and mx <= hi and (mn > 1 or set(map(type, v)) == _INT_TYPES):
                     return a
             return _column_slow(v, name, lo, hi)
@@ -222,7 +222,7 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
         if n is not None and v.shape[0] != n:
             raise InputError(name, f"expected {n} values (one per request), got {v.shape[0]}")
         if v.shape[0]:
-            mn, mx = int(v.min()), int(v.max())
+            mn, mx = min_max(v)
             if mn < lo or mx > hi:
                 i = int(np.argmax((v < lo) | (v > hi)))
                 raise InputError(f"{name}[{i}]", f"expected {lo}..{hi}, got {int(v[i])}")
@@ -352,7 +352,8 @@ class Checker:
         names = {n for n, _ in tmpl.profiles}
 
         # Everything below depends on the configuration only.
-        probe = check_engine_batch(self._template, kernel=kernel, split=False)
+        self._setup = engine_setup(self._template, kernel)
+        probe = check_engine_batch(self._template, kernel=kernel, split=False, setup=self._setup)
         bp = probe.batch_plan
         self.versions = dict(bp.versions)
         errs = probe.errors
@@ -383,7 +384,7 @@ class Checker:
             if self.threshold is not None:
                 routed = replace(self._template, forward_mode="extend",
                                  requests=RequestColumns(1, ["probe"], [self.threshold + 1], [0]))
-                rep = check_engine_batch(routed, kernel=kernel, split=False)
+                rep = check_engine_batch(routed, kernel=kernel, split=False, setup=self._setup)
                 self._routed_static_ok = not any(not f.code.startswith("SLOT") for f in rep.errors)
 
         self.has_slots = bp.slots is not None
@@ -650,7 +651,8 @@ class Checker:
 
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:
         cols = self._columns(mode, n, ext, seq, pre, slots, k, rids)
-        return check_engine_batch(self._batch(mode, cols, pad, k), kernel=self.kernel, split=self.split, memo=self.schedule_memo)
+        return check_engine_batch(self._batch(mode, cols, pad, k), kernel=self.kernel, split=self.split,
+                                  memo=self.schedule_memo, setup=self._setup)
 
     def check(self, step: Any = None, extend_lens: Any = None, seq_lens: Any = None, req_pool_indices: Any = None,
               *, forward_mode: Any = None, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,

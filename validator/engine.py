@@ -15,7 +15,7 @@ from functools import lru_cache
 import numpy as np
 
 from .batch import Batch, request_arrays
-from .calls import DecodeCall, SparsePrefillCall, with_length_ranges
+from .calls import DecodeCall, SparsePrefillCall, min_max, with_length_ranges
 from .errors import InputError
 from .knowledge import load
 from .plan import Plan, plan
@@ -341,12 +341,18 @@ def _dsv4_setup(gpu, kernel: str | None, h_q: int, context_length: int, threshol
     return _Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill))
 
 
-def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None, memo=None) -> None:
+def dsv4_setup(batch: Batch, version: dict, kernel: str | None) -> _Dsv4Setup:
+    """The DeepSeek-V4 profile's configuration part for this batch's GPU, model and server args."""
+    dflt = load("engines")["profiles"]["sglang-dsv4"]["defaults"]
+    ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
+    return _dsv4_setup(batch.gpu, kernel, heads_per_rank(batch, dflt), ctx, version.get("sparse_prefill_threshold"))
+
+
+def derive_dsv4(batch: Batch, version: dict, setup: _Dsv4Setup, bp: BatchPlan, kernel: str | None, memo=None) -> None:
+    """The step's FlashMLA calls: query rows, routing, per-row lengths and one plan per ratio."""
     dflt = load("engines")["profiles"]["sglang-dsv4"]["defaults"]
     total, bd = forward_rows(batch)
-    ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
-    threshold = version.get("sparse_prefill_threshold")
-    setup = _dsv4_setup(batch.gpu, kernel, heads_per_rank(batch, dflt), ctx, threshold)
+    threshold = setup.threshold
     mode = batch.forward_mode
     routable = mode == "extend" or mode == "mixed"
     routed = routable and threshold is not None and total > threshold
@@ -377,7 +383,7 @@ def derive_dsv4(batch: Batch, version: dict, bp: BatchPlan, kernel: str | None, 
     topk_length = np.minimum(lengths, topk)
     # every length array below is a non-decreasing function of the row's causal length, so its exact
     # range follows from the causal lengths' range
-    lo, hi = int(lengths.min()), int(lengths.max())
+    lo, hi = min_max(lengths)
     tl_range = (min(lo, topk), min(hi, topk))
     for name, r, extra_topk, shape in setup.calls:
         if extra_topk is None:
@@ -396,7 +402,8 @@ def _pos_int(v, where: str) -> int:
     return v
 
 
-def derive_slots(batch: Batch, version: dict, bp: BatchPlan) -> None:
+def derive_slots(batch: Batch, version: dict) -> SlotModel:
+    """The request table and the buffers indexed by request slot (configuration only)."""
     prof = load("engines")["profiles"]["sglang-slots"]
     dflt = prof["defaults"]
     if batch.arg("max_running_requests") is None:
@@ -453,21 +460,43 @@ def derive_slots(batch: Batch, version: dict, bp: BatchPlan) -> None:
         if scope not in ("per_dp", "global") or indexed_by not in ("req_pool_idx", "global_slot"):
             raise InputError(where, "scope must be per_dp|global and indexed_by req_pool_idx|global_slot")
         buffers.append(SlotBuffer(str(ub["name"]), rows, "user", scope, indexed_by, sizing=sizing))
-    bp.slots = SlotModel(R, E, e_src, t_rows, pd_decode, d, buffers)
+    return SlotModel(R, E, e_src, t_rows, pd_decode, d, buffers)
 
 
 # ----------------------------------------------------------------------------------- checking
-def plan_batch(batch: Batch, kernel: str | None = None, memo=None) -> BatchPlan:
-    """Derive every kernel call and slot buffer of the forward. ``memo``: a
-    :class:`~validator.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own)."""
-    bp = BatchPlan(batch)
+@dataclass(frozen=True)
+class EngineSetup:
+    """What :func:`plan_batch` derives from a batch's configuration alone (profiles and their
+    versions, GPU, model, server args, buffers): a :class:`validator.Checker` builds it once and
+    passes it with every step of that configuration."""
+
+    versions: tuple                     # (profile, version label) in profile order
+    dsv4: tuple | None = None           # (version entry, _Dsv4Setup)
+    slots: SlotModel | None = None      # read-only: shared by every step's plan
+
+
+def engine_setup(batch: Batch, kernel: str | None = None) -> EngineSetup:
+    versions, dsv4, slots = [], None, None
     for name, ver in batch.profiles:
         v = resolve_version(name, ver)
-        bp.versions[name] = v.get("matched_release", v["name"]) if ver else v["name"]
+        versions.append((name, v.get("matched_release", v["name"]) if ver else v["name"]))
         if name == "sglang-dsv4":
-            derive_dsv4(batch, v, bp, kernel, memo)
+            dsv4 = (v, dsv4_setup(batch, v, kernel))
         elif name == "sglang-slots":
-            derive_slots(batch, v, bp)
+            slots = derive_slots(batch, v)
+    return EngineSetup(tuple(versions), dsv4, slots)
+
+
+def plan_batch(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None) -> BatchPlan:
+    """Derive every kernel call and slot buffer of the forward. ``memo``: a
+    :class:`~validator.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own);
+    ``setup``: :func:`engine_setup` of this batch's configuration, when the caller keeps it."""
+    if setup is None:
+        setup = engine_setup(batch, kernel)
+    bp = BatchPlan(batch, dict(setup.versions))
+    if setup.dsv4 is not None:
+        derive_dsv4(batch, setup.dsv4[0], setup.dsv4[1], bp, kernel, memo)
+    bp.slots = setup.slots
     return bp
 
 
@@ -490,8 +519,9 @@ def _merge_call_findings(bp: BatchPlan) -> list[Finding]:
     return out
 
 
-def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True, memo=None) -> Report:
-    bp = plan_batch(batch, kernel, memo)
+def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True, memo=None,
+                       setup: EngineSetup | None = None) -> Report:
+    bp = plan_batch(batch, kernel, memo, setup)
     findings = _merge_call_findings(bp) + run_rules("batch", bp)
     report = Report(findings, [c.plan for c in bp.calls])
     report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),

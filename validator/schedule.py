@@ -23,10 +23,11 @@ which the kernel never writes, is 0) and ``num_splits`` the cumulative ``[b + 1]
 are derived lazily, only when somebody asks for them.
 
 Speed notes (the non-uniform walk is one Python step per partition, so constant factors matter):
-small batches build prefix sums with Python ints (numpy's per-call overhead dominates there); large
-ones keep them in numpy and binary-search them through a memoryview instead of converting b values to
-Python ints; with up to about three requests per partition the next boundary is found by looking up
-to three requests ahead.
+small batches build prefix sums with Python ints (numpy's per-call overhead dominates there), larger
+ones with numpy, converted to Python ints in one call; beyond 16 requests per partition they stay in
+numpy and are binary-searched through a memoryview instead of converting b values to Python ints;
+with up to about three requests per partition the next boundary is found by looking up to three
+requests ahead.
 """
 from __future__ import annotations
 
@@ -487,15 +488,16 @@ _SHORT_RATIO = 3
 
 def _stream(s, P: int, F: int, block: int):
     """The request stream of a non-uniform schedule: ``(s, b, prefix, total)`` with ``prefix`` the
-    prefix sums ``C`` of ``n_i + F`` (a list of ints for small ``b``, else an int64 array)."""
+    prefix sums ``C`` of ``n_i + F`` (a list of ints, or an int64 array when the walk binary-searches
+    a memoryview of it)."""
     s = np.asarray(s, dtype=np.int64)
     b = s.shape[0]
     w0 = 1 + F
     if b <= _SMALL_B:
         prefix = list(accumulate([(v - 1 if v > 1 else 0) // block + w0 for v in s.tolist()], initial=0))
         return s, b, prefix, prefix[b]
-    prefix = _prefix_of(_widths(s, F, block))
-    return s, b, prefix, int(prefix[b])
+    prefix, total = _prefix_for_walk(_widths(s, F, block), b, P)
+    return s, b, prefix, total
 
 
 def _widths(s: np.ndarray, F: int, block: int) -> np.ndarray:
@@ -508,6 +510,17 @@ def _widths(s: np.ndarray, F: int, block: int) -> np.ndarray:
         w //= block
     np.maximum(w, 1 + F, out=w)
     return w
+
+
+def _prefix_for_walk(widths: np.ndarray, b: int, P: int):
+    """``(C, total)`` in the form the walk for ``b`` and ``P`` reads: an int64 array when it binary
+    searches a memoryview, otherwise a list of ints (built from the running sum in one conversion)."""
+    if b > _MEMORYVIEW_RATIO * P:
+        C = _prefix_of(widths)
+        return C, int(C[b])
+    C = [0]
+    C += widths.cumsum().tolist()
+    return C, C[b]
 
 
 def _prefix_of(widths: np.ndarray) -> np.ndarray:
@@ -631,8 +644,7 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     hit = memo.get(key)
     if hit is None:
         if prefix is None:
-            prefix = _prefix_of(widths)
-            total = int(prefix[b])
+            prefix, total = _prefix_for_walk(widths, b, P)
         starts, events = _walk(prefix, b, P, F, total)
         memo.put(key, (tuple(starts), tuple(events), total))
     else:
