@@ -155,6 +155,14 @@ class RequestColumns(_SequenceABC):
         return self._arrays
 
 
+def request_contexts(reqs) -> np.ndarray:
+    """The ``context`` column of :func:`request_arrays` alone (for steps of decode entries only,
+    the validated sequence lengths as they are)."""
+    if isinstance(reqs, RequestColumns) and reqs.decode_from == 0 and reqs._arrays is None:
+        return np.asarray(reqs.seq, dtype=np.int64)
+    return request_arrays(reqs)[2]
+
+
 def request_arrays(reqs) -> tuple:
     """``(extend, prefix, context, is_decode)`` numpy arrays of a request sequence (see RequestColumns)."""
     arrays = getattr(reqs, "arrays", None)

@@ -14,7 +14,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .batch import Batch, request_arrays
+from .batch import Batch, request_arrays, request_contexts
 from .calls import DecodeCall, SparsePrefillCall, min_max, with_length_ranges
 from .errors import InputError
 from .knowledge import load
@@ -221,13 +221,14 @@ def causal_lengths(batch: Batch, total: int) -> np.ndarray:
     follow; rows the engine pads with are 0.
     """
     mode = batch.forward_mode
-    d = draft_tokens(batch)
-    ext, pre, ctx, is_dec = request_arrays(batch.requests)
     if mode == "decode":                 # one row per entry: its context
-        arr = ctx
+        arr = request_contexts(batch.requests)
     elif mode == "target_verify":        # d rows per request: context .. context + d - 1
-        arr = (ctx[:, None] + np.arange(d, dtype=np.int64)).reshape(-1)
+        ctx = request_contexts(batch.requests)
+        arr = (ctx[:, None] + np.arange(draft_tokens(batch), dtype=np.int64)).reshape(-1)
     else:
+        d = draft_tokens(batch)
+        ext, pre, ctx, is_dec = request_arrays(batch.requests)
         n_ext = np.where(ext > 0, ext, d) if mode == "draft_extend" else ext
         starts = np.where(is_dec, ctx, pre + 1)
         counts = np.where(is_dec, 1, n_ext)
