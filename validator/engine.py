@@ -283,12 +283,13 @@ def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool) -> 
 
 
 def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
-                 skip_quiet: bool = True) -> Plan:
+                 skip_quiet: bool | frozenset = True) -> Plan:
     """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
     the shape's work: the same DecodeCall fields (dataclass fields only, no derived state) and the
     same implementation and partitions. ``ranges``: the exact ``(min, max)`` of the length arrays
     when the caller knows them (see :attr:`DecodeCall.length_ranges`). ``skip_quiet``: mark the
-    shape-only rules that are silent for this shape, so the rule pass skips them."""
+    shape-only rules that are silent for this shape, so the rule pass skips them (True: look them
+    up; or the set itself, when the caller has it)."""
     call = object.__new__(DecodeCall)
     fields = call.__dict__
     fields.update(shape.call.__dict__)
@@ -299,7 +300,10 @@ def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None,
     fields["meta"] = {}
     if ranges is not None:
         with_length_ranges(call, ranges)
-    quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None) if skip_quiet else frozenset()
+    if skip_quiet is True:
+        quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None)
+    else:
+        quiet = skip_quiet or frozenset()
     p = object.__new__(Plan)      # the shape's plan with this call (its fields are already checked)
     p.__dict__.update(call=call, gpu=shape.gpu, gen=shape.gen, implementation=shape.implementation,
                       num_sm_parts=shape.num_sm_parts, memo=memo, quiet_rules=quiet)
@@ -315,7 +319,8 @@ class _Dsv4Setup:
     h_q: int
     threshold: int | None
     max_rows: int
-    # per compression ratio: (name, ratio, extra_topk or None, shape plan)
+    # per compression ratio: (name, ratio, extra_topk or None, shape plan, silent shape-only rules
+    # with per-row lengths, and without)
     calls: tuple
     # the same calls as sparse-prefill plans, for forwards routed to flash_mla_sparse_fwd: (name, topk)
     prefill_topk: tuple
@@ -337,7 +342,8 @@ def _dsv4_setup(gpu, kernel: str | None, h_q: int, context_length: int, threshol
         elif r == 128:
             extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
         shape = _shape_plan(gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
-        calls.append((spec["name"], r, extra_topk, shape))
+        calls.append((spec["name"], r, extra_topk, shape, _shape_quiet(shape, True, extra_topk is not None),
+                      _shape_quiet(shape, False, False)))
         prefill.append((spec["name"], topk + (extra_topk or 0)))
     return _Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill))
 
@@ -375,8 +381,8 @@ def derive_dsv4(batch: Batch, version: dict, setup: _Dsv4Setup, bp: BatchPlan, k
         return
     b = max(total, 1)
     if not 0 < total <= max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
-        for name, r, extra_topk, shape in setup.calls:
-            p = _decode_plan(shape, b, None, None, memo)
+        for name, r, extra_topk, shape, _, quiet in setup.calls:
+            p = _decode_plan(shape, b, None, None, memo, None, quiet)
             bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
         return
     lengths = causal_lengths(batch, total)
@@ -386,13 +392,13 @@ def derive_dsv4(batch: Batch, version: dict, setup: _Dsv4Setup, bp: BatchPlan, k
     # range follows from the causal lengths' range
     lo, hi = min_max(lengths)
     tl_range = (min(lo, topk), min(hi, topk))
-    for name, r, extra_topk, shape in setup.calls:
+    for name, r, extra_topk, shape, quiet, _ in setup.calls:
         if extra_topk is None:
             extra_len, ranges = None, {"topk_length": tl_range}
         else:
             extra_len = np.minimum(lengths // r, extra_topk)
             ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
-        p = _decode_plan(shape, b, topk_length, extra_len, memo, ranges)
+        p = _decode_plan(shape, b, topk_length, extra_len, memo, ranges, quiet)
         bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
 
 

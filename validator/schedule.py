@@ -543,16 +543,18 @@ def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
 
 def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:
     w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
-    if memo is None:
-        pr = _period(b, P, F, w)
-    else:                   # the period depends on b, P, F and the width alone
+    hit = None
+    if memo is not None:    # the period depends on b, P, F and the width alone
         key = ("period", b, P, F, w)
-        pr = memo.get(key)
-        if pr is None:
-            pr = _period(b, P, F, w)
-            memo.put(key, pr)
+        hit = memo.get(key)
+    if hit is None:
+        pr = _period(b, P, F, w)
+        hit = (pr, pr.num_events, pr.last_event())
+        if memo is not None:
+            memo.put(key, hit)
+    pr, num_events, last_event = hit
     return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
-                    num_split_events=pr.num_events, last_split_request=pr.last_event())
+                    num_split_events=num_events, last_split_request=last_event)
 
 
 def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,
