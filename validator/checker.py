@@ -399,6 +399,15 @@ class Checker:
             for b in s.buffers[1:]:
                 lim = min(lim, b.rows)  # SLOT002 (req_pool_idx) and SLOT004 (global_slot) alike
             self.max_slot = lim - 1
+        # 1.._sure_rows query rows are legal in any mode, given slots within range (what _decide
+        # says, without the per-mode branches; above it, _decide is asked)
+        if not self._slots_static_ok or (self.has_rows and not self._decode_static_ok):
+            self._sure_rows = 0
+        elif not self.has_rows:
+            self._sure_rows = MAX_ROWS
+        else:
+            self._sure_rows = min(self.max_rows, self._sched_free_rows,
+                                  self.threshold if self.threshold is not None else self.max_rows)
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -647,6 +656,8 @@ class Checker:
                 self._rids(rids, n)
             except InputError:
                 return False
+        if 0 < rows <= self._sure_rows and (top is None or self.max_slot is None or top <= self.max_slot):
+            return True
         return self._decide(mode, rows, top) is True
 
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:
