@@ -224,3 +224,16 @@ def test_request_ids_of_mixed_types_and_bad_ones():
         with pytest.raises(InputError) as e:
             chk.check("decode", seq_lens=[5, 6], rids=rids)
         assert e.value.field == field
+
+
+def test_derived_plans_set_every_plan_and_call_field():
+    # derived plans and calls are built field by field (no __init__): none may be missing
+    import dataclasses
+
+    from validator.plan import Plan
+
+    chk = Checker(engine=PRE, gpu="H200")
+    for batch in (chk.batch("decode", seq_lens=[5, 900]), chk.batch("decode", seq_lens=[5] * 12000)):
+        for dc in plan_batch(batch).calls:
+            assert {f.name for f in dataclasses.fields(Plan)} <= set(dc.plan.__dict__)
+            assert {f.name for f in dataclasses.fields(DecodeCall)} <= set(dc.call.__dict__)

@@ -278,18 +278,17 @@ def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool) -> 
     arrays present: they find nothing for any ``b`` and any length values (see the registry), so
     the calls derived every step skip them."""
     one = np.zeros(1, dtype=np.int64)
-    p = _decode_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, skip_quiet=False)
+    p = _decode_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, quiet=frozenset())
     return frozenset(r.code for r in shape_rules() if not r.func(p))
 
 
 def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
-                 skip_quiet: bool | frozenset = True) -> Plan:
+                 quiet: frozenset | None = None) -> Plan:
     """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
     the shape's work: the same DecodeCall fields (dataclass fields only, no derived state) and the
     same implementation and partitions. ``ranges``: the exact ``(min, max)`` of the length arrays
-    when the caller knows them (see :attr:`DecodeCall.length_ranges`). ``skip_quiet``: mark the
-    shape-only rules that are silent for this shape, so the rule pass skips them (True: look them
-    up; or the set itself, when the caller has it)."""
+    when the caller knows them (see :attr:`DecodeCall.length_ranges`). ``quiet``: the shape-only
+    rules that are silent for this shape, which the rule pass then skips (None: look them up)."""
     call = object.__new__(DecodeCall)
     fields = call.__dict__
     fields.update(shape.call.__dict__)
@@ -300,10 +299,8 @@ def _decode_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None,
     fields["meta"] = {}
     if ranges is not None:
         with_length_ranges(call, ranges)
-    if skip_quiet is True:
+    if quiet is None:
         quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None)
-    else:
-        quiet = skip_quiet or frozenset()
     p = object.__new__(Plan)      # the shape's plan with this call (its fields are already checked)
     p.__dict__.update(call=call, gpu=shape.gpu, gen=shape.gen, implementation=shape.implementation,
                       num_sm_parts=shape.num_sm_parts, memo=memo, quiet_rules=quiet)
