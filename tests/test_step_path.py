@@ -195,6 +195,7 @@ def test_engine_findings_equal_every_rule_on_calls_planned_from_scratch(gpu, mod
 @pytest.mark.parametrize("value,where", [
     ([5, True, 7], "seq_lens[1]"), ([5, 7.0], "seq_lens[1]"), ([5, "7"], "seq_lens[1]"), ([5, None], "seq_lens[1]"),
     ([5, 0], "seq_lens[1]"), ([5, 1 << 80], "seq_lens[1]"), ([5, -2], "seq_lens[1]"), ([[5], [6]], "seq_lens[0]"),
+    ([[3], 4, 5], "seq_lens[0]"), ([5, [6, 7]], "seq_lens[1]"), ([5, {}], "seq_lens[1]"),
 ])
 def test_list_columns_keep_their_input_errors(value, where):
     chk = Checker(engine=PRE, gpu="H200")

@@ -205,7 +205,10 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
         if not v:
             return v
         if as_array:
-            a = np.array(v)
+            try:
+                a = np.array(v)
+            except (ValueError, TypeError, OverflowError):  # ragged nesting and the like: named below
+                return _column_slow(v, name, lo, hi)
             if a.dtype == np.int64 and a.ndim == 1:
                 mn, mx = min_max(a)
                 if lo <= mn and mx <= hi and (mn > 1 or set(map(type, v)) == _INT_TYPES):
