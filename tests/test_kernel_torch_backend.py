@@ -190,3 +190,17 @@ def test_cpu_slot_write_gives_torch_index_error():
     assert res["available"] and res["outcome"] == "python_exception" and res["error_type"] == "IndexError"
     assert res["message"] == "index 96 is out of bounds for dimension 0 with size 33"
     assert probe_slot_index(33, 2, 32, "cpu", timeout=120)["outcome"] == "ok"
+
+
+@pytest.mark.parametrize("op,record,what", [
+    ("op_decode", {"kind": "prefill", "s_q": 4, "h_q": 64}, "decode job needs a sparse or dense call record"),
+    ("op_prefill", {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}, "prefill job needs a prefill call record"),
+])
+def test_a_job_of_the_wrong_call_kind_is_unavailable(fake_provider, op, record, what):
+    from validator.kernel import torch_backend as tb
+
+    fake_provider("fake_fmla_kind", CURRENT_API)
+    job = {"device": "cpu", "record": record, "provider": {"name": "fake_fmla_kind", "module": "fake_fmla_kind", "api": "sched_meta"}}
+    with pytest.raises(tb.Unavailable) as ei:
+        getattr(tb, op)(job, _noop, _noop)
+    assert str(ei.value) == f"a {what}"

@@ -126,6 +126,13 @@ class RequestColumns(_SequenceABC):
     def __repr__(self) -> str:
         return f"RequestColumns({self._n} requests, decode entries from {self.decode_from})"
 
+    def contexts(self) -> np.ndarray:
+        """The ``context`` column of :meth:`arrays` (decode entries only: the validated sequence
+        lengths as they are, with no other column built)."""
+        if self.decode_from == 0 and self._arrays is None:
+            return np.asarray(self.seq, dtype=np.int64)
+        return self.arrays()[2]
+
     def arrays(self) -> tuple:
         """``(extend, prefix, context, is_decode)`` as numpy arrays, one entry per request.
 
@@ -156,11 +163,9 @@ class RequestColumns(_SequenceABC):
 
 
 def request_contexts(reqs) -> np.ndarray:
-    """The ``context`` column of :func:`request_arrays` alone (for steps of decode entries only,
-    the validated sequence lengths as they are)."""
-    if isinstance(reqs, RequestColumns) and reqs.decode_from == 0 and reqs._arrays is None:
-        return np.asarray(reqs.seq, dtype=np.int64)
-    return request_arrays(reqs)[2]
+    """The ``context`` column of :func:`request_arrays` alone."""
+    contexts = getattr(reqs, "contexts", None)
+    return contexts() if contexts is not None else request_arrays(reqs)[2]
 
 
 def request_arrays(reqs) -> tuple:

@@ -175,16 +175,25 @@ def _readback(torch, md, ns) -> dict:
     return {"num_sm_parts": len(md_list), "tile_scheduler_metadata": md_list, "num_splits": ns.cpu().tolist()}
 
 
-def op_decode(job, stage, partial) -> dict:
-    from ..calls import DecodeCall, call_from_record
+def _kernel_job(job, stage, kind: type, what: str):
+    """The common start of a kernel job: torch, the device, the FlashMLA provider, and the job's call
+    (which must be a ``kind``)."""
+    from ..calls import call_from_record
 
     stage("import")
     torch = _torch()
     dev = _device(torch, job)
     mod, info = _load_provider(job)
     call = call_from_record(job["record"])
-    if not isinstance(call, DecodeCall):
-        raise Unavailable("a decode job needs a sparse or dense call record")
+    if not isinstance(call, kind):
+        raise Unavailable(f"a {what}")
+    return torch, dev, mod, info, call
+
+
+def op_decode(job, stage, partial) -> dict:
+    from ..calls import DecodeCall
+
+    torch, dev, mod, info, call = _kernel_job(job, stage, DecodeCall, "decode job needs a sparse or dense call record")
     api = info["api"]
     if call.is_sparse and "indices" not in info["features"]:
         raise Unsupported(f"{info['module']} has no sparse decode (no indices parameter)")
@@ -234,15 +243,9 @@ def op_decode(job, stage, partial) -> dict:
 
 
 def op_prefill(job, stage, partial) -> dict:
-    from ..calls import SparsePrefillCall, call_from_record
+    from ..calls import SparsePrefillCall
 
-    stage("import")
-    torch = _torch()
-    dev = _device(torch, job)
-    mod, info = _load_provider(job)
-    call = call_from_record(job["record"])
-    if not isinstance(call, SparsePrefillCall):
-        raise Unavailable("a prefill job needs a prefill call record")
+    torch, dev, mod, info, call = _kernel_job(job, stage, SparsePrefillCall, "prefill job needs a prefill call record")
     fn = getattr(mod, "flash_mla_sparse_fwd", None)
     if fn is None:
         raise Unsupported(f"{info['module']} has no flash_mla_sparse_fwd")
