@@ -71,3 +71,24 @@ def h200():
     # The facts the tests rely on, stated independently of the profile file.
     assert (g.num_sms, g.cc, g.smem_optin) == (132, (9, 0), 232448)
     return g
+
+
+@pytest.fixture(params=["python", "compiled"])
+def impl(request, monkeypatch) -> str:
+    """Runs the test with the pure-Python paths and again with the compiled helpers (the schedule
+    walk and the list checks); the compiled run is skipped when they were not built."""
+    from validator import _accel
+
+    if request.param == "python":
+        monkeypatch.setattr(_accel, "compiled", None)
+    elif _accel.compiled is None:
+        pytest.skip(f"compiled helpers {_accel.reason}")
+    return request.param
+
+
+@pytest.fixture
+def pure_python(monkeypatch) -> None:
+    """The pure-Python paths only (for tests of what only they do, such as reusing walks)."""
+    from validator import _accel
+
+    monkeypatch.setattr(_accel, "compiled", None)

@@ -17,6 +17,9 @@ import pytest
 import validator
 from validator import LEGAL, BatchIllegalError, Checker, InputError
 
+# every test here runs on the pure-Python paths and on the compiled helpers
+pytestmark = pytest.mark.usefixtures("impl")
+
 H200_SMEM = 232448
 LIMIT = (H200_SMEM - 4) // 20
 THRESHOLD = (228 * 1024 // 4 - 1) // 5

@@ -51,7 +51,7 @@ def test_device_header_is_the_h200_profile(oracle_device, h200):
 
 
 @pytest.mark.parametrize("path", ["reference", "fast"])
-def test_cases_bit_exact(scheduled_cases, device_gpu, path):
+def test_cases_bit_exact(scheduled_cases, device_gpu, path, impl):
     failures = []
     for rec in scheduled_cases:
         p = plan(rec, device_gpu)
@@ -131,7 +131,7 @@ def expected_code(probe: dict) -> str | None:
     raise AssertionError(f"probe not understood by the test: {msg!r}")
 
 
-def test_probes_verdicts_codes_and_numbers(oracle_probes, device_gpu):
+def test_probes_verdicts_codes_and_numbers(oracle_probes, device_gpu, impl):
     assert len(oracle_probes) >= 50
     failures = []
     n_ok = 0
@@ -170,7 +170,7 @@ def test_probes_num_splits_from_the_reference_loop_too(oracle_probes, device_gpu
 
 
 @pytest.mark.parametrize("b, topk, verdict", [(4673, 1024, "legal"), (4675, 2048, "illegal")])
-def test_oaccum_probes_near_the_boundary(oracle_probes, device_gpu, b, topk, verdict):
+def test_oaccum_probes_near_the_boundary(oracle_probes, device_gpu, b, topk, verdict, impl):
     """The two large s_q=8, h_q=128 probes on either side of the 32-bit o_accum offset.
 
     The kernel decides from the largest split row R: R * 8*128*512 must stay below 2^31, i.e. R <= 4095.

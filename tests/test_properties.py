@@ -38,7 +38,8 @@ DRAFTS = {"pre": 0, "post": DRAFT, "mixed": DRAFT, "slots": DRAFT}
 # the plain DSA builder's draft tails have R + 1 rows; the request table R + E + 1
 MAX_SLOT = {"slots": R}
 
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=150, deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
 @st.composite
@@ -98,7 +99,7 @@ def expected_legal(cfg: str, mode: str, kw: dict) -> bool:
 # ------------------------------------------------------------------ fast path == full path == arithmetic
 @SETTINGS
 @given(steps())
-def test_fast_and_full_paths_agree_with_the_arithmetic(step):
+def test_fast_and_full_paths_agree_with_the_arithmetic(impl, step):
     cfg, mode, kw = step
     chk = CHECKERS[cfg]
     v = chk.verdict(mode, **kw)
@@ -111,9 +112,9 @@ def test_fast_and_full_paths_agree_with_the_arithmetic(step):
 
 
 # ------------------------------------------------------------------ vectorized schedule == reference
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps(small=True, configs=("pre", "post", "mixed")))
-def test_vectorized_and_reference_schedules_agree(step):
+def test_vectorized_and_reference_schedules_agree(impl, step):
     cfg, mode, kw = step
     rep = CHECKERS[cfg].check(mode, **kw)
     for p in rep.plans:
@@ -127,7 +128,7 @@ def test_vectorized_and_reference_schedules_agree(step):
 # ------------------------------------------------------------------ legal => every limit by arithmetic
 @SETTINGS
 @given(steps())
-def test_a_legal_verdict_means_every_kernel_limit_holds(step):
+def test_a_legal_verdict_means_every_kernel_limit_holds(impl, step):
     cfg, mode, kw = step
     chk = CHECKERS[cfg]
     if not chk.verdict(mode, **kw).legal:
@@ -253,9 +254,10 @@ def corrupted_steps(draw):
     return cfg, mode, kw
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
+                                                                  HealthCheck.function_scoped_fixture])
 @given(corrupted_steps())
-def test_invalid_input_raises_input_error_and_nothing_else(case):
+def test_invalid_input_raises_input_error_and_nothing_else(impl, case):
     cfg, mode, kw = case
     chk = CHECKERS[cfg]
     for fn in (chk.verdict, chk.check, chk.assert_legal):

@@ -15,6 +15,9 @@ import pytest
 from validator.plan import plan
 from validator.schedule import Schedule, schedule_fast, schedule_reference
 
+# every test here runs on the pure-Python paths and on the compiled helpers
+pytestmark = pytest.mark.usefixtures("impl")
+
 BLOCK = 64
 
 

@@ -22,6 +22,9 @@ from validator.knowledge import resolve_gpu
 from validator.plan import effective_lengths, plan
 from validator.registry import rules_for, shape_rules
 
+# every test here runs on the pure-Python paths and on the compiled helpers
+pytestmark = pytest.mark.usefixtures("impl")
+
 PRE = "sglang-dsv4@pre-25418"
 
 

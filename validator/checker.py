@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import _accel
 from .batch import (FORWARD_MODES, KNOWN_ARGS, MAX_REQUESTS, MAX_TOKENS, MODE_ALIASES, Batch, RequestColumns,
                     batch_from_dict, is_batch_document, normalize_arg_name)
 from .calls import INT32_MAX, MAX_ROWS, min_max
@@ -195,9 +196,9 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
 
     Runs at C speed for lists of ints and integer arrays (type set, min, max); anything else that
     has ``tolist()`` (a torch tensor) is converted first. ``as_array``: a list of plain ints comes
-    back as an int64 array instead (numpy reads it once and its min and max decide the range; as
-    ``True``/``False`` would read as 1/0, the element types are looked at only when the minimum is
-    0 or 1).
+    back as an int64 array instead (the compiled list check reads it once; without it numpy reads it
+    and its min and max decide the range, and as ``True``/``False`` would read as 1/0 the element
+    types are looked at only when the minimum is 0 or 1).
     """
     if type(v) is list:
         if n is not None and len(v) != n:
@@ -205,6 +206,10 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
         if not v:
             return v
         if as_array:
+            c = _accel.compiled
+            if c is not None:           # one pass in C: exact ints in range, copied into the array
+                a = np.empty(len(v), dtype=np.int64)
+                return a if c.int_column(v, lo, hi, a) < 0 else _column_slow(v, name, lo, hi)
             try:
                 a = np.array(v)
             except (ValueError, TypeError, OverflowError):  # ragged nesting and the like: named below

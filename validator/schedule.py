@@ -37,6 +37,8 @@ from itertools import accumulate
 
 import numpy as np
 
+from . import _accel
+
 
 @dataclass(frozen=True)
 class Period:
@@ -148,13 +150,13 @@ class Schedule:
 
     b: int
     num_sm_parts: int
-    events: list | None = None
+    events: list | np.ndarray | None = None   # a list, or the compiled walk's int64 array
     rows: list | None = None            # reference path: P rows of columns 0..6
     lengths: np.ndarray | None = None   # effective lengths (fast path, non-uniform)
     uniform: int | None = None          # the common effective length (fast path, uniform)
     fixed_overhead: int = 0
     block: int = 64
-    starts: list | None = None          # fast path, non-uniform: where each active partition begins
+    starts: list | np.ndarray | None = None  # fast path, non-uniform: where each active partition begins
     total: int = 0                      # fast path: stream length sum(n_i + F)
     prefix: np.ndarray | list | None = None  # fast path, non-uniform: C [b + 1] (int64, or ints)
     widths: np.ndarray | None = None    # n_i + F per request, when ``prefix`` is left to be built
@@ -165,16 +167,20 @@ class Schedule:
     _num_splits: np.ndarray | None = None
 
     def __post_init__(self):
-        if self.events is not None:
-            self.num_split_events = len(self.events)
-            self.last_split_request = self.events[-1] if self.events else -1
+        ev = self.events
+        if ev is not None:
+            n = self.num_split_events = len(ev)
+            self.last_split_request = int(ev[-1]) if n else -1
 
     @property
     def split_requests(self) -> list:
         """Request index of every split event, ascending (a request split k times appears k times)."""
-        if self.events is None:
-            self.events = self.period.event_array().tolist()
-        return self.events
+        ev = self.events
+        if ev is None:
+            ev = self.events = self.period.event_array().tolist()
+        elif not isinstance(ev, list):      # the compiled walk's int64 array
+            ev = self.events = ev.tolist()
+        return ev
 
     @property
     def total_splits(self) -> int:
@@ -245,7 +251,9 @@ class Schedule:
             n0 = int(C[1]) - F
             n_last = int(C[b] - C[b - 1]) - F
             s_zero = bool(s[b - 1] == 0)
-            xs = np.array(self.starts + [self.total], dtype=np.int64)
+            xs = np.empty(m + 1, dtype=np.int64)
+            xs[:m] = self.starts
+            xs[m] = self.total
             q = C.searchsorted(xs, "right")
             q -= 1
             self._rows_from_positions(out, xs, q, xs - C[q], None, None)
@@ -258,7 +266,10 @@ class Schedule:
         """The stream's prefix sums ``C`` as an int64 array (built from ``widths`` on first use)."""
         C = self.prefix
         if C is None:
-            C = self.prefix = _prefix_of(self.widths)
+            w = self.widths
+            if w is None:
+                w = self.widths = _widths(self.lengths, self.fixed_overhead, self.block)
+            C = self.prefix = _prefix_of(w)
         elif not isinstance(C, np.ndarray):
             C = self.prefix = np.array(C, dtype=np.int64)
         return C
@@ -567,10 +578,23 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
         return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
+    if _accel.compiled is not None:
+        s = np.ascontiguousarray(s, dtype=np.int64)
+        starts, events, total = _walk_compiled(s, block, P, F)
+        return Schedule(s.shape[0], P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total)
     s, b, prefix, total = _stream(s, P, F, block)
     starts, events = _walk(prefix, b, P, F, total)
     return Schedule(b, P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total,
                     prefix=prefix)
+
+
+def _walk_compiled(s: np.ndarray, block: int, P: int, F: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """The walk by the compiled module, from the effective lengths ``s`` (contiguous int64):
+    ``(starts, events, total)``, the first two int64 arrays."""
+    out = np.empty(2 * P, dtype=np.int64)
+    starts, events = out[:P], out[P:]
+    m, e, total = _accel.compiled.walk(s, block, P, F, starts, events)
+    return starts[:m], events[:e], total
 
 
 class WalkMemo:
@@ -633,6 +657,10 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
         return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
+    if _accel.compiled is not None:     # the compiled walk costs less than looking it up
+        s = np.ascontiguousarray(s, dtype=np.int64)
+        starts, events, total = _walk_compiled(s, block, P, F)
+        return Schedule(s.shape[0], P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total)
     s = np.asarray(s, dtype=np.int64)
     b = s.shape[0]
     if b <= _SMALL_B:
