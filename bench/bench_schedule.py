@@ -15,7 +15,10 @@ Printed per row: reference us, fast us, speed-up (ref / fast), and fast us / ker
 Targets: speed-up >= 20x at b = 11622, and fast / kernel < 1 at every b (the model is cheaper than
 the GPU's own scheduler). All ratios come from one run on this machine.
 
-Usage: ``python bench/bench_schedule.py [--quick] [--json OUT]``
+The production path uses the compiled walk when it was built at install (``--pure-python``
+measures the pure-Python walk instead); the header says which one ran.
+
+Usage: ``python bench/bench_schedule.py [--quick] [--pure-python] [--json OUT]``
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
+from validator import _accel  # noqa: E402
 from validator.calls import call_from_record  # noqa: E402
 from validator.plan import plan  # noqa: E402
 from validator.schedule import schedule_fast, schedule_reference  # noqa: E402
@@ -140,12 +144,17 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT", help="also write the measurements as JSON")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
                     help="cpu: this thread's CPU time (default; robust to other load); wall: elapsed time")
+    ap.add_argument("--pure-python", action="store_true",
+                    help="measure the pure-Python walk even when the compiled one is built")
     args = ap.parse_args(argv)
+    if args.pure_python:
+        _accel.compiled = None
+        _accel.reason = "--pure-python"
 
     kernel, kpath = load_kernel_times()
     print(f"kernel device times: {kpath}")
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
-          f"{'quick' if args.quick else 'full'} run, {args.clock} clock\n")
+          f"{'quick' if args.quick else 'full'} run, {args.clock} clock; walk: {_accel.status()}\n")
     warm_up(0.2 if args.quick else 1.0)
     results = []
     hdr = (f"{'config':<28} {'variant':<10} {'b':>6} {'P':>4} {'kernel':>8} | {'ref':>9} {'fast':>8} "
@@ -184,7 +193,8 @@ def main(argv=None) -> int:
                   f"(worst {worst_k[key_k]:.2f} at {worst_k['config']} b={worst_k['b']})")
             verdicts.append({"variant": label, "speedup_met": ok_s, "kernel_ratio_met": ok_k})
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "targets": verdicts}, indent=1))
+        Path(args.json).write_text(json.dumps({"implementation": _accel.status(), "results": results,
+                                               "targets": verdicts}, indent=1))
     return 0
 
 

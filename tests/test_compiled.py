@@ -43,10 +43,8 @@ def test_environment_variable_turns_them_off():
 
 
 def _walk(lengths, block, P, F):
-    s = np.asarray(lengths, dtype=np.int64)
-    starts, events = np.full(P, -1, dtype=np.int64), np.full(P, -1, dtype=np.int64)
-    m, e, total = compiled.walk(s, block, P, F, starts, events)
-    return starts[:m].tolist(), events[:e].tolist(), total
+    starts, events, total = compiled.walk(np.asarray(lengths, dtype=np.int64), block, P, F)
+    return np.frombuffer(starts, dtype=np.int64).tolist(), np.frombuffer(events, dtype=np.int64).tolist(), total
 
 
 @needs_compiled
@@ -73,9 +71,56 @@ def test_walk_equals_the_python_walk_and_the_reference_loop():
         starts, events, total = _walk(s, block, P, F)
         assert total == C[-1], it
         assert (starts, events) == _walk_prefix(C, P, F, total), f"case {it}: b={b} P={P} F={F} block={block}"
-        if it % 10 == 0:
-            ref = schedule_reference(np.maximum(np.asarray(s), 0), P, F, block)
+        if it % 4 == 0 or b <= 8:
+            # the scheduler's output itself: the compiled rows against the reference loop (which
+            # reads a negative length as one token, as the kernel's max(s - 1, 0) does)
+            ref = schedule_reference(np.asarray(s), P, F, block)
             assert events == ref.split_requests, it
+            md, ns = _rows(s, block, P, F)
+            assert md.tolist() == ref.metadata.tolist(), f"case {it}: metadata b={b} P={P} F={F} block={block}"
+            assert ns.tolist() == ref.num_splits.tolist(), f"case {it}: num_splits"
+
+
+def _rows(lengths, block, P, F):
+    s = np.asarray(lengths, dtype=np.int64)
+    md = np.full((P, 8), -7, dtype=np.int32)
+    ns = np.full(s.shape[0] + 1, -7, dtype=np.int32)
+    assert compiled.rows(s, block, P, F, md, ns) is None
+    return md, ns
+
+
+@needs_compiled
+def test_rows_by_hand():
+    # 64 tokens (1 block), 65 (2 blocks), an empty request (1 block) over 2 partitions, F = 5:
+    # total 4 + 3 * 5 = 19, payload 10 + 5 = 15; P0 takes requests 0 and 1 whole (6 + 7 = 13 units),
+    # then 2 units are left, too few for request 2 (6 units) and not more than F: no split; P1 takes
+    # request 2, empty, so its end block is 0
+    md, ns = _rows([64, 65, 0], 64, 2, 5)
+    assert md.tolist() == [[0, 1, 0, 2, 0, 0, 0, 0], [2, 2, 0, 0, 0, 0, 0, 0]]
+    assert ns.tolist() == [0, 1, 2, 3]
+    # one request of 10 blocks over 3 partitions, F = 5: P0 takes 5 blocks (split), P1 the other 5,
+    # P2 nothing: begin_req = b = 1, begin_block = the last block of request 0 (9), end_req = 0
+    md, ns = _rows([640], 64, 3, 5)
+    assert md.tolist() == [[0, 0, 0, 5, 0, 1, 1, 0], [0, 0, 5, 10, 1, 1, 1, 0], [1, 0, 9, 10, 0, 0, 0, 0]]
+    assert ns.tolist() == [0, 2]
+
+
+@needs_compiled
+def test_rows_rejects_bad_outputs():
+    s = np.array([100, 200, 300], dtype=np.int64)
+    good_md, good_ns = np.empty((4, 8), dtype=np.int32), np.empty(4, dtype=np.int32)
+    for md, ns in ((np.empty((4, 8), dtype=np.int64), good_ns),     # wrong type
+                   (np.empty((3, 8), dtype=np.int32), good_ns),     # too few rows for P = 4
+                   (good_md, np.empty(3, dtype=np.int32)),          # b + 1 = 4 needed
+                   (good_md[:, ::2], good_ns)):                     # not contiguous
+        with pytest.raises(TypeError):
+            compiled.rows(s, 64, 4, 5, md, ns)
+    ro = np.empty(4, dtype=np.int32)
+    ro.flags.writeable = False
+    with pytest.raises(TypeError):
+        compiled.rows(s, 64, 4, 5, good_md, ro)
+    with pytest.raises(ValueError):
+        compiled.rows(s, 64, 0, 5, good_md, good_ns)
 
 
 @needs_compiled
@@ -94,29 +139,26 @@ def test_walk_edges():
 @pytest.mark.parametrize("args,err", [
     ((np.array([1, 2], dtype=np.int32), 64, 2, 5), TypeError),          # not int64
     ((np.array([[1, 2]], dtype=np.int64), 64, 2, 5), TypeError),        # not one-dimensional
-    ((np.arange(10, dtype=np.int64)[::2], 64, 2, 5), (TypeError, ValueError, BufferError)),  # not contiguous
+    ((np.arange(10, dtype=np.int64)[::2], 64, 2, 5), TypeError),       # not contiguous
     ((np.array([], dtype=np.int64), 64, 2, 5), ValueError),             # no request
     ((np.array([1], dtype=np.int64), 64, 0, 5), ValueError),            # P < 1
+    ((np.array([1], dtype=np.int64), 64, 2**25, 5), ValueError),        # P absurd
     ((np.array([1], dtype=np.int64), 64, 2, -1), ValueError),           # F < 0
     ((np.array([1], dtype=np.int64), 0, 2, 5), ValueError),             # block < 1
     ((np.array([2**62, 2**62], dtype=np.int64), 64, 2, 5), ValueError),  # total overflows
     (([1, 2], 64, 2, 5), TypeError),                                     # a list is no buffer
 ])
 def test_walk_rejects_bad_arguments(args, err):
-    P = 4
     with pytest.raises(err):
-        compiled.walk(*args, np.empty(P, dtype=np.int64), np.empty(P, dtype=np.int64))
+        compiled.walk(*args)
 
 
 @needs_compiled
-def test_walk_needs_room_for_p_starts_and_events():
-    s = np.array([100, 200], dtype=np.int64)
-    with pytest.raises(ValueError):
-        compiled.walk(s, 64, 8, 5, np.empty(7, dtype=np.int64), np.empty(8, dtype=np.int64))
-    with pytest.raises((TypeError, ValueError, BufferError)):      # read-only output
-        ro = np.empty(8, dtype=np.int64)
-        ro.flags.writeable = False
-        compiled.walk(s, 64, 8, 5, ro, np.empty(8, dtype=np.int64))
+def test_walk_reads_but_never_writes_its_lengths():
+    s = np.array([100, 200, 5000], dtype=np.int64)
+    s.flags.writeable = False           # a read-only array is accepted and left as it was
+    assert _walk(s, 64, 2, 5) == _walk([100, 200, 5000], 64, 2, 5)
+    assert s.tolist() == [100, 200, 5000]
 
 
 @needs_compiled
@@ -151,3 +193,17 @@ def test_int_column_arguments():
     out = np.empty(2, dtype=np.int64)
     assert compiled.int_column([-2**63, 2**63 - 1], -2**63, 2**63 - 1, out) == -1
     assert out.tolist() == [-2**63, 2**63 - 1]
+
+
+@needs_compiled
+def test_schedules_from_any_integer_input_equal_the_reference():
+    from validator.schedule import schedule_fast
+
+    s = np.arange(0, 4000, 7, dtype=np.int64)
+    ref = schedule_reference(s, 33, 5)
+    for form in (s, s.astype(np.int32), np.repeat(s, 2)[::2], s.tolist(), tuple(s.tolist())):
+        sch = schedule_fast(form, 33, 5)
+        assert isinstance(sch.lengths, np.ndarray) and sch.lengths.dtype == np.int64, type(form)
+        assert sch.metadata.tolist() == ref.metadata.tolist(), type(form)
+        assert sch.num_splits.tolist() == ref.num_splits.tolist(), type(form)
+        assert sch.split_requests == ref.split_requests, type(form)

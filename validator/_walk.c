@@ -8,11 +8,17 @@
  * starts at c. Boundaries only move forward, so one forward scan over the widths finds each c:
  * O(b + P) in all.
  *
- * walk(lengths, block, P, F, starts, events) -> (active partitions, split events, total)
+ * walk(lengths, block, P, F) -> (starts, events, total)
  *   lengths: C-contiguous int64 buffer of the b >= 1 effective lengths; request i's width is
  *   n_i + F with n_i = max(ceil(lengths[i] / block), 1) blocks
- *   starts, events: writable C-contiguous int64 buffers of at least P values; the first
- *   `active` of starts and the first `events` of events are written.
+ *   starts: where each active partition starts, events: the request of each split event, both
+ *   as bytes of native int64 values (the caller unpacks them when it needs them); total: the
+ *   stream's length.
+ *
+ * rows(lengths, block, P, F, metadata, num_splits) -> None
+ *   the scheduler's output itself, by the kernel's own greedy loop (one pass, O(b + P)): fills
+ *   metadata (int32, at least P x 8 values, row-major; column 7 is 0) and num_splits (int32, at
+ *   least b + 1 values).
  *
  * int_column(values, lo, hi, out) -> -1, or the index of the first value that is not a plain int
  * in [lo, hi]: copies a list of Python ints into the int64 buffer out (at least len(values) long).
@@ -25,56 +31,81 @@
 #include <string.h>
 
 static int
-get_int64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name)
+get_int32_out(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name)
 {
-    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
-    if (PyObject_GetBuffer(obj, view, flags) < 0)
-        return -1;
+    /* a writable, C-contiguous int32 buffer (any shape) of at least `need` values */
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE) < 0) {
+        PyErr_Clear();
+        goto refuse;
+    }
     const char *fmt = view->format ? view->format : "B";
     if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
         fmt++;
-    if (view->itemsize != 8 || (strcmp(fmt, "q") != 0 && strcmp(fmt, "l") != 0) || view->ndim != 1) {
-        PyErr_Format(PyExc_TypeError, "%s: expected a one-dimensional int64 buffer", name);
-        PyBuffer_Release(view);
-        return -1;
+    if (view->itemsize == 4 && strcmp(fmt, "i") == 0 && view->len / 4 >= need)
+        return 0;
+    PyBuffer_Release(view);
+refuse:
+    PyErr_Format(PyExc_TypeError, "%s: expected a writable, C-contiguous int32 buffer of at least %zd values",
+                 name, need);
+    return -1;
+}
+
+static int
+get_int64_buffer(PyObject *obj, Py_buffer *view, int writable, const char *name)
+{
+    int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | (writable ? PyBUF_WRITABLE : 0);
+    /* every refusal is a TypeError, so that callers can convert their input and try again */
+    if (PyObject_GetBuffer(obj, view, flags) < 0) {
+        PyErr_Clear();
+        goto refuse;
     }
-    return 0;
+    const char *fmt = view->format ? view->format : "B";
+    if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@')
+        fmt++;
+    if (view->itemsize == 8 && (strcmp(fmt, "q") == 0 || strcmp(fmt, "l") == 0) && view->ndim == 1)
+        return 0;
+    PyBuffer_Release(view);
+refuse:
+    PyErr_Format(PyExc_TypeError, "%s: expected a one-dimensional, C-contiguous%s int64 buffer", name,
+                 writable ? ", writable" : "");
+    return -1;
 }
 
 static PyObject *
 walk(PyObject *self, PyObject *args)
 {
-    PyObject *l_obj, *s_obj, *e_obj;
+    (void)self;
+    PyObject *l_obj;
     long long block, P, F;
-    if (!PyArg_ParseTuple(args, "OLLLOO", &l_obj, &block, &P, &F, &s_obj, &e_obj))
+    if (!PyArg_ParseTuple(args, "OLLL", &l_obj, &block, &P, &F))
         return NULL;
-    if (block < 1 || P < 1 || F < 0 || F > INT32_MAX) {
-        PyErr_SetString(PyExc_ValueError, "expected block >= 1, P >= 1 and 0 <= F < 2^31");
+    if (block < 1 || P < 1 || P > (1 << 24) || F < 0 || F > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "expected block >= 1, 1 <= P <= 2^24 and 0 <= F < 2^31");
         return NULL;
     }
-    Py_buffer lv, sv, ev;
+    Py_buffer lv;
     if (get_int64_buffer(l_obj, &lv, 0, "lengths") < 0)
         return NULL;
-    if (get_int64_buffer(s_obj, &sv, 1, "starts") < 0) {
-        PyBuffer_Release(&lv);
-        return NULL;
-    }
-    if (get_int64_buffer(e_obj, &ev, 1, "events") < 0) {
-        PyBuffer_Release(&lv);
-        PyBuffer_Release(&sv);
-        return NULL;
-    }
     PyObject *result = NULL;
+    int64_t *starts = NULL;
     const int64_t *len = (const int64_t *)lv.buf;
-    int64_t *starts = (int64_t *)sv.buf;
-    int64_t *events = (int64_t *)ev.buf;
     Py_ssize_t b = lv.shape[0];
-    if (b < 1 || sv.shape[0] < P || ev.shape[0] < P) {
-        PyErr_SetString(PyExc_ValueError, "expected at least one width and P slots for starts and events");
+    if (b < 1) {
+        PyErr_SetString(PyExc_ValueError, "lengths: expected at least one request");
         goto done;
     }
-    /* the widths, computed twice (here for the total, below while scanning) rather than stored */
+    /* widths n_i + F first (and the total), then the walk over them */
+    starts = PyMem_Malloc((2 * (size_t)P + (size_t)b) * sizeof(int64_t));
+    if (starts == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t *events = starts + P, *w = starts + 2 * P;
     const int64_t limit = INT64_MAX / 4;
+    int shift = -1;                 /* log2(block) when block is a power of two: no division then */
+    if ((block & (block - 1)) == 0)
+        for (shift = 0; (1LL << shift) < block; shift++)
+            ;
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < b; i++) {
         int64_t s = len[i];
@@ -82,13 +113,14 @@ walk(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_ValueError, "lengths[%zd]: the stream's total does not fit in int64", i);
             goto done;
         }
-        total += (s > block ? (s + block - 1) / block : 1) + F;
+        int64_t n = s <= 1 ? 1 : (shift >= 0 ? ((s - 1) >> shift) + 1 : (s - 1) / block + 1);
+        w[i] = n + F;
+        total += n + F;
     }
-#define WIDTH(i) ((len[i] > block ? (len[i] + block - 1) / block : 1) + F)
     const int64_t QF = (total + P - 1) / P + F;
     int64_t x = 0;
     Py_ssize_t r = 0;               /* request whose boundary c = C[r] is the last one at or before the end */
-    int64_t c = 0, next = WIDTH(0); /* C[r] and C[r + 1] */
+    int64_t c = 0, next = w[0];     /* C[r] and C[r + 1] */
     Py_ssize_t m = 0, E = 0;
     for (long long p = 0; p < P; p++) {
         starts[m++] = x;
@@ -98,7 +130,7 @@ walk(PyObject *self, PyObject *args)
         while (next <= end) {       /* next <= end < total: r + 1 < b */
             r++;
             c = next;
-            next += WIDTH(r);
+            next += w[r];
         }
         if (c <= x || end - c > F) {
             x = end - F;
@@ -107,18 +139,123 @@ walk(PyObject *self, PyObject *args)
             x = c;
         }
     }
-#undef WIDTH
-    result = Py_BuildValue("nnL", m, E, (long long)total);
+    result = Py_BuildValue("y#y#L", (const char *)starts, m * (Py_ssize_t)sizeof(int64_t),
+                           (const char *)events, E * (Py_ssize_t)sizeof(int64_t), (long long)total);
 done:
+    PyMem_Free(starts);
     PyBuffer_Release(&lv);
-    PyBuffer_Release(&sv);
-    PyBuffer_Release(&ev);
+    return result;
+}
+
+static PyObject *
+rows(PyObject *self, PyObject *args)
+{
+    (void)self;
+    PyObject *l_obj, *md_obj, *ns_obj;
+    long long block, P, F;
+    if (!PyArg_ParseTuple(args, "OLLLOO", &l_obj, &block, &P, &F, &md_obj, &ns_obj))
+        return NULL;
+    if (block < 1 || P < 1 || P > (1 << 24) || F < 0 || F > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "expected block >= 1, 1 <= P <= 2^24 and 0 <= F < 2^31");
+        return NULL;
+    }
+    Py_buffer lv, mv, nv;
+    if (get_int64_buffer(l_obj, &lv, 0, "lengths") < 0)
+        return NULL;
+    Py_ssize_t b = lv.shape[0];
+    if (get_int32_out(md_obj, &mv, 8 * (Py_ssize_t)P, "metadata") < 0) {
+        PyBuffer_Release(&lv);
+        return NULL;
+    }
+    if (get_int32_out(ns_obj, &nv, b + 1, "num_splits") < 0) {
+        PyBuffer_Release(&lv);
+        PyBuffer_Release(&mv);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int64_t *n = NULL;
+    const int64_t *len = (const int64_t *)lv.buf;
+    int32_t *md = (int32_t *)mv.buf, *ns = (int32_t *)nv.buf;
+    if (b < 1) {
+        PyErr_SetString(PyExc_ValueError, "lengths: expected at least one request");
+        goto done;
+    }
+    n = PyMem_Malloc((size_t)b * sizeof(int64_t));
+    if (n == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t limit = INT64_MAX / 4;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        int64_t s = len[i];
+        if (s > limit - total) {
+            PyErr_Format(PyExc_ValueError, "lengths[%zd]: the stream's total does not fit in int64", i);
+            goto done;
+        }
+        n[i] = s <= 1 ? 1 : (s - 1) / block + 1;
+        total += n[i] + F;
+    }
+    /* the kernel's greedy loop, one request and one partition at a time: request r, its first
+       block k not yet placed, and j, the pieces of r placed so far */
+    const int64_t payload = (total + P - 1) / P + F;
+    Py_ssize_t r = 0;
+    int64_t k = 0, j = 0;
+    ns[0] = 0;
+    for (long long p = 0; p < P; p++) {
+        int64_t budget = payload;
+        int64_t begin_req = r, begin_block = k, begin_split = j, first = k != 0;
+        if (r >= b)                 /* nothing left: the kernel reads one past its array (last block of request 0) */
+            begin_block = n[0] - 1;
+        while (r < b) {
+            int64_t need = n[r] - k + F;
+            if (budget >= need) {
+                budget -= need;
+                ns[r + 1] = (int32_t)(ns[r] + j + 1);
+                r++;
+                k = 0;
+                j = 0;
+            } else {
+                if (budget - F > 0) {
+                    k += budget - F;
+                    j++;
+                }
+                break;
+            }
+        }
+        int64_t end_req = k > 0 ? r : r - 1;
+        int64_t whole = len[end_req] == 0 ? 0 : n[end_req];
+        int64_t end_block = k > 0 ? k : whole;
+        int64_t last = end_block != n[end_req] && len[end_req] != 0;
+        if (begin_req == end_req)
+            first = last = first | last;
+        int32_t *row = md + 8 * p;
+        row[0] = (int32_t)begin_req;
+        row[1] = (int32_t)end_req;
+        row[2] = (int32_t)begin_block;
+        row[3] = (int32_t)end_block;
+        row[4] = (int32_t)begin_split;
+        row[5] = (int32_t)first;
+        row[6] = (int32_t)last;
+        row[7] = 0;
+    }
+    for (; r < b; r++) {            /* not reached when the partitions hold every request */
+        ns[r + 1] = (int32_t)(ns[r] + j + 1);
+        j = 0;
+    }
+    result = Py_NewRef(Py_None);
+done:
+    PyMem_Free(n);
+    PyBuffer_Release(&lv);
+    PyBuffer_Release(&mv);
+    PyBuffer_Release(&nv);
     return result;
 }
 
 static PyObject *
 int_column(PyObject *self, PyObject *args)
 {
+    (void)self;
     PyObject *values, *o_obj;
     long long lo, hi;
     if (!PyArg_ParseTuple(args, "O!LLO", &PyList_Type, &values, &lo, &hi, &o_obj))
@@ -150,7 +287,9 @@ int_column(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS,
-     "walk(lengths, block, P, F, starts, events) -> (active, events, total): the non-uniform schedule walk."},
+     "walk(lengths, block, P, F) -> (starts, events, total): the non-uniform schedule walk."},
+    {"rows", rows, METH_VARARGS,
+     "rows(lengths, block, P, F, metadata, num_splits): fills the [P, 8] int32 tile metadata and the [b + 1] int32 num_splits."},
     {"int_column", int_column, METH_VARARGS,
      "int_column(values, lo, hi, out) -> -1 or the index of the first value that is not an int in [lo, hi]."},
     {NULL, NULL, 0, NULL},
@@ -158,7 +297,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_walk", "Compiled schedule walk (optional; validator.schedule falls back to Python).",
-    -1, methods,
+    -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC

@@ -7,7 +7,6 @@ The input format is the oracle record format (see the README): ``kind`` ("sparse
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -100,6 +99,27 @@ def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = I
 LENGTH_FIELDS = ("topk_length", "extra_topk_length")
 
 
+
+class cached:
+    """A property computed on first use and kept in the instance's ``__dict__`` (where later
+    lookups find it before this descriptor). What ``functools.cached_property`` does, without
+    its per-access lock on Python < 3.12; a value computed twice by racing threads is the same
+    value (the functions are pure)."""
+
+    def __init__(self, func):
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner, name):
+        self.name = name
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.func(obj)
+        return value
+
 @dataclass(frozen=True, eq=False)
 class DecodeCall:
     """One ``flash_mla_with_kvcache`` call: ``q`` is ``[b, s_q, h_q, d_qk]``.
@@ -133,7 +153,7 @@ class DecodeCall:
     def is_sparse(self) -> bool:
         return self.kind == "sparse"
 
-    @cached_property
+    @cached
     def length_ranges(self) -> dict[str, tuple[int, int]]:
         """``{field: (min, max)}`` of the per-request length arrays that are present and non-empty.
 

@@ -244,6 +244,23 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
     return _column(v, name, lo, hi, n, as_array)
 
 
+def _top_within(v: list, lo: int, hi: int) -> int:
+    """The largest value of a non-empty list of plain ints all in [lo, hi] (lo >= 0), or -1 when it
+    is not one: :func:`_ints_within` that also gives the maximum, in the same pass for short lists."""
+    if len(v) <= 8:
+        top = -1
+        for x in v:
+            if x.__class__ is not int or x < lo or x > hi:
+                return -1
+            if x > top:
+                top = x
+        return top
+    if set(map(type, v)) != _INT_TYPES or min(v) < lo:
+        return -1
+    top = max(v)
+    return top if top <= hi else -1
+
+
 def _ints_within(v: list, lo: int, hi: int) -> bool:
     """A list of plain ints, all in [lo, hi] (an element loop for short lists, C builtins otherwise)."""
     if len(v) <= 8:
@@ -656,9 +673,11 @@ class Checker:
             return False
         top = None
         if slots is not None:
-            if slots.__class__ is not list or len(slots) != n or not _ints_within(slots, 0, MAX_POSITION):
+            if slots.__class__ is not list or len(slots) != n:
                 return False
-            top = max(slots)
+            top = _top_within(slots, 0, MAX_POSITION)
+            if top < 0:
+                return False
         if rids is not None:
             try:
                 self._rids(rids, n)

@@ -5,11 +5,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
-
 import numpy as np
 
-from .calls import DecodeCall, KernelCall, SparsePrefillCall
+from .calls import DecodeCall, KernelCall, SparsePrefillCall, cached
 from .knowledge import GPU, generation, resolve_gpu
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_memo, schedule_reference
 
@@ -199,11 +197,11 @@ class Plan:
         """False when the kernel exits before writing any metadata (no implementation, or b too big)."""
         return self.is_decode and self.num_sm_parts is not None and self.call.b <= self.max_sched_rows
 
-    @cached_property
+    @cached
     def lengths(self) -> tuple[np.ndarray | None, int | None]:
         return effective_lengths(self.call, self.gen)
 
-    @cached_property
+    @cached
     def schedule(self) -> Schedule | None:
         """The scheduler's output (fast path), or None when the scheduler never runs.
 

@@ -31,6 +31,7 @@ requests ahead.
 """
 from __future__ import annotations
 
+import sys
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
@@ -140,27 +141,29 @@ def _period(b: int, P: int, F: int, w: int) -> Period:
 class Schedule:
     """The scheduler's output for one call, plus cheap summaries the rules read.
 
-    ``events`` lists the request of every split event (ascending); the uniform fast path leaves it
-    None and keeps only its count and last element until somebody asks for the list. The
-    non-uniform fast path records where each *active* partition (one that receives work) starts in
-    the stream (``starts``; the last one stops at ``total``), the uniform one its :class:`Period`.
+    ``events`` lists the request of every split event (ascending); the uniform fast path and the
+    compiled walk leave it None and keep only its count and last element until somebody asks for
+    the list (:attr:`split_requests`). The non-uniform fast path records where each *active*
+    partition (one that receives work) starts in the stream (``starts``; the last one stops at
+    ``total``; the compiled walk keeps both lists ``packed``), the uniform one its :class:`Period`.
     ``metadata`` and ``num_splits`` are derived from these lazily. The reference path fills
     ``rows`` directly.
     """
 
     b: int
     num_sm_parts: int
-    events: list | np.ndarray | None = None   # a list, or the compiled walk's int64 array
+    events: list | None = None
     rows: list | None = None            # reference path: P rows of columns 0..6
     lengths: np.ndarray | None = None   # effective lengths (fast path, non-uniform)
     uniform: int | None = None          # the common effective length (fast path, uniform)
     fixed_overhead: int = 0
     block: int = 64
-    starts: list | np.ndarray | None = None  # fast path, non-uniform: where each active partition begins
+    starts: list | None = None          # fast path, non-uniform: where each active partition begins
     total: int = 0                      # fast path: stream length sum(n_i + F)
     prefix: np.ndarray | list | None = None  # fast path, non-uniform: C [b + 1] (int64, or ints)
     widths: np.ndarray | None = None    # n_i + F per request, when ``prefix`` is left to be built
     period: Period | None = None        # fast path, uniform
+    packed: tuple | None = None         # compiled walk: (starts, events) as native int64 bytes
     num_split_events: int = 0
     last_split_request: int = -1        # index of the last request that is split (-1 when none is)
     _metadata: np.ndarray | None = None
@@ -177,10 +180,15 @@ class Schedule:
         """Request index of every split event, ascending (a request split k times appears k times)."""
         ev = self.events
         if ev is None:
-            ev = self.events = self.period.event_array().tolist()
-        elif not isinstance(ev, list):      # the compiled walk's int64 array
-            ev = self.events = ev.tolist()
+            ev = self.events = self._event_array().tolist()
         return ev
+
+    def _event_array(self) -> np.ndarray:
+        if self.events is not None:
+            return np.array(self.events, dtype=np.int64)
+        if self.packed is not None:
+            return np.frombuffer(self.packed[1], dtype=np.int64)
+        return self.period.event_array()
 
     @property
     def total_splits(self) -> int:
@@ -203,6 +211,8 @@ class Schedule:
         """``tile_scheduler_metadata``: int32 ``[P, 8]``; column 7 (never written by the kernel) is 0."""
         md = self._metadata
         if md is None:
+            if self._build_compiled():
+                return self._metadata
             md = self._metadata = self._build_metadata()
         return md
 
@@ -211,8 +221,28 @@ class Schedule:
         """Cumulative ``num_splits``: int32 ``[b + 1]``, i.e. ``r`` plus the split events before ``r``."""
         ns = self._num_splits
         if ns is None:
+            if self._build_compiled():
+                return self._num_splits
             ns = self._num_splits = self._build_num_splits()
         return ns
+
+    def _build_compiled(self) -> bool:
+        """Both arrays in one compiled pass of the kernel's loop (False: no compiled helper, or a
+        reference schedule, which has its rows; the caller builds the array in numpy)."""
+        c = _accel.compiled
+        if c is None or self.rows is not None:
+            return False
+        s = self.lengths
+        if s is None:                   # uniform: the loop over b equal lengths beats tiling periods
+            s = np.full(self.b, self.uniform, dtype=np.int64)
+        md = np.empty((self.num_sm_parts, 8), dtype=np.int32)
+        ns = np.empty(self.b + 1, dtype=np.int32)
+        try:
+            c.rows(s, self.block, self.num_sm_parts, self.fixed_overhead, md, ns)
+        except TypeError:               # lengths that are not a contiguous int64 array
+            return False
+        self._metadata, self._num_splits = md, ns
+        return True
 
     def split_request_rows(self) -> list[tuple[int, int]]:
         """(request, last partial-result row) for every split request, ascending."""
@@ -246,13 +276,14 @@ class Schedule:
                 q = xs // w
                 self._rows_from_positions(out, xs, q, xs - q * w, np.where, 0 if s_zero else n0)
         else:
-            m = len(self.starts)
+            starts = self.starts if self.starts is not None else np.frombuffer(self.packed[0], dtype=np.int64)
+            m = len(starts)
             C, s = self._prefix_array(), self.lengths
             n0 = int(C[1]) - F
             n_last = int(C[b] - C[b - 1]) - F
             s_zero = bool(s[b - 1] == 0)
             xs = np.empty(m + 1, dtype=np.int64)
-            xs[:m] = self.starts
+            xs[:m] = starts
             xs[m] = self.total
             q = C.searchsorted(xs, "right")
             q -= 1
@@ -351,10 +382,7 @@ class Schedule:
         E = self.num_split_events
         if not E:
             return out
-        if self.events is None:
-            ev = self.period.event_array()
-        else:
-            ev = np.array(self.events, dtype=np.int64)
+        ev = self._event_array()
         if b <= 256:        # an event at request e counts for every r > e
             out += ev.searchsorted(out, "left")
             return out
@@ -579,22 +607,31 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     if uniform is not None:
         return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
     if _accel.compiled is not None:
-        s = np.ascontiguousarray(s, dtype=np.int64)
-        starts, events, total = _walk_compiled(s, block, P, F)
-        return Schedule(s.shape[0], P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total)
+        return _schedule_compiled(s, P, F, block)
     s, b, prefix, total = _stream(s, P, F, block)
     starts, events = _walk(prefix, b, P, F, total)
     return Schedule(b, P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total,
                     prefix=prefix)
 
 
-def _walk_compiled(s: np.ndarray, block: int, P: int, F: int) -> tuple[np.ndarray, np.ndarray, int]:
-    """The walk by the compiled module, from the effective lengths ``s`` (contiguous int64):
-    ``(starts, events, total)``, the first two int64 arrays."""
-    out = np.empty(2 * P, dtype=np.int64)
-    starts, events = out[:P], out[P:]
-    m, e, total = _accel.compiled.walk(s, block, P, F, starts, events)
-    return starts[:m], events[:e], total
+def _schedule_compiled(s, P: int, F: int, block: int) -> Schedule:
+    """The non-uniform schedule walked by the compiled helper, from the effective lengths ``s``.
+    Its starts and events stay packed until the metadata rows or the event list are asked for;
+    the rules read only the count and the last event."""
+    if s.__class__ is not np.ndarray:
+        s = np.asarray(s, dtype=np.int64)
+    try:
+        starts, events, total = _accel.compiled.walk(s, block, P, F)
+    except TypeError:               # not a contiguous int64 array: convert it
+        s = np.ascontiguousarray(s, dtype=np.int64)
+        starts, events, total = _accel.compiled.walk(s, block, P, F)
+    n = len(events) >> 3
+    last = int.from_bytes(events[-8:], _BYTEORDER, signed=True) if n else -1
+    return Schedule(s.shape[0], P, lengths=s, fixed_overhead=F, block=block, total=total, packed=(starts, events),
+                    num_split_events=n, last_split_request=last)
+
+
+_BYTEORDER = sys.byteorder
 
 
 class WalkMemo:
@@ -658,9 +695,7 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     if uniform is not None:
         return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
     if _accel.compiled is not None:     # the compiled walk costs less than looking it up
-        s = np.ascontiguousarray(s, dtype=np.int64)
-        starts, events, total = _walk_compiled(s, block, P, F)
-        return Schedule(s.shape[0], P, events, lengths=s, fixed_overhead=F, block=block, starts=starts, total=total)
+        return _schedule_compiled(s, P, F, block)
     s = np.asarray(s, dtype=np.int64)
     b = s.shape[0]
     if b <= _SMALL_B:
