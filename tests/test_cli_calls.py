@@ -356,3 +356,14 @@ def test_help_examples_run(name, args, stdin):
 def test_help_examples_were_found():
     names = [x[0] for x in _docstring_examples()]
     assert "metadata-stdin" in names and "check-stdin" in names and "rules" in names
+
+
+def test_version_says_which_implementation_runs(monkeypatch):
+    from validator import _accel
+
+    r = invoke(["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith("validate-batch ")
+    assert _accel.status() in r.stdout
+    monkeypatch.setattr(_accel, "compiled", None)
+    monkeypatch.setattr(_accel, "reason", "turned off for this test")
+    assert "pure Python (turned off for this test)" in invoke(["--version"]).stdout

@@ -31,6 +31,18 @@
 #include <string.h>
 
 static int
+log2_exact(long long block)
+{
+    /* log2(block) when block is a power of two (blocks are then counted with a shift), else -1 */
+    if (block < 1 || (block & (block - 1)) != 0)
+        return -1;
+    int shift = 0;
+    while ((1LL << shift) < block)
+        shift++;
+    return shift;
+}
+
+static int
 get_int32_out(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name)
 {
     /* a writable, C-contiguous int32 buffer (any shape) of at least `need` values */
@@ -102,10 +114,7 @@ walk(PyObject *self, PyObject *args)
     }
     int64_t *events = starts + P, *w = starts + 2 * P;
     const int64_t limit = INT64_MAX / 4;
-    int shift = -1;                 /* log2(block) when block is a power of two: no division then */
-    if ((block & (block - 1)) == 0)
-        for (shift = 0; (1LL << shift) < block; shift++)
-            ;
+    const int shift = log2_exact(block);
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < b; i++) {
         int64_t s = len[i];
@@ -186,6 +195,7 @@ rows(PyObject *self, PyObject *args)
         goto done;
     }
     const int64_t limit = INT64_MAX / 4;
+    const int shift = log2_exact(block);
     int64_t total = 0;
     for (Py_ssize_t i = 0; i < b; i++) {
         int64_t s = len[i];
@@ -193,7 +203,7 @@ rows(PyObject *self, PyObject *args)
             PyErr_Format(PyExc_ValueError, "lengths[%zd]: the stream's total does not fit in int64", i);
             goto done;
         }
-        n[i] = s <= 1 ? 1 : (s - 1) / block + 1;
+        n[i] = s <= 1 ? 1 : (shift >= 0 ? ((s - 1) >> shift) + 1 : (s - 1) / block + 1);
         total += n[i] + F;
     }
     /* the kernel's greedy loop, one request and one partition at a time: request r, its first

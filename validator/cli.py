@@ -41,6 +41,28 @@ err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
 EXIT_LEGAL, EXIT_ILLEGAL, EXIT_BAD_INPUT = 0, 1, 2
 
 
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from . import _accel
+
+        try:
+            v = version("validate-batch")
+        except PackageNotFoundError:
+            v = "(not installed)"
+        print(f"validate-batch {v} ({_accel.status()})")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                      help="Print the version and whether the compiled helpers are in use, then exit."),
+) -> None:
+    """Is this batch legal for the attention kernels?"""
+
+
 def fail_input(e: InputError) -> None:
     print(f"error: {e}", file=sys.stderr)
     raise typer.Exit(EXIT_BAD_INPUT)

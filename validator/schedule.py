@@ -22,7 +22,13 @@ Both return a :class:`Schedule` whose ``metadata`` is the ``[P, 8]`` int32 tile 
 which the kernel never writes, is 0) and ``num_splits`` the cumulative ``[b + 1]`` int32 array; both
 are derived lazily, only when somebody asks for them.
 
-Speed notes (the non-uniform walk is one Python step per partition, so constant factors matter):
+When the compiled helpers are built (:mod:`validator._accel`), the non-uniform walk is one forward
+pass over the requests in C (the boundaries only move forward, so no search is needed), and the
+metadata rows and ``num_splits`` come from one pass of the kernel's own loop in C; the Schedule
+keeps the walk's starts and events packed until they are read. The pure-Python paths below give the
+same results (the tests run both).
+
+Speed notes on the pure-Python walk (one Python step per partition, so constant factors matter):
 small batches build prefix sums with Python ints (numpy's per-call overhead dominates there), larger
 ones with numpy, converted to Python ints in one call; beyond 16 requests per partition they stay in
 numpy and are binary-searched through a memoryview instead of converting b values to Python ints;
