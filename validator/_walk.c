@@ -42,6 +42,27 @@ log2_exact(long long block)
     return shift;
 }
 
+static int64_t
+count_blocks(const int64_t *len, Py_ssize_t b, long long block, int64_t F, int64_t add, int64_t *out)
+{
+    /* out[i] = n_i + add with n_i = max(ceil(len[i] / block), 1) blocks; returns the stream's total
+       sum(n_i + F), or -1 with a ValueError set when it would not fit comfortably in int64 */
+    const int64_t limit = INT64_MAX / 4;
+    const int shift = log2_exact(block);
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < b; i++) {
+        int64_t s = len[i];
+        if (s > limit - total) {
+            PyErr_Format(PyExc_ValueError, "lengths[%zd]: the stream's total does not fit in int64", i);
+            return -1;
+        }
+        int64_t n = s <= 1 ? 1 : (shift >= 0 ? ((s - 1) >> shift) + 1 : (s - 1) / block + 1);
+        out[i] = n + add;
+        total += n + F;
+    }
+    return total;
+}
+
 static int
 get_int32_out(PyObject *obj, Py_buffer *view, Py_ssize_t need, const char *name)
 {
@@ -113,19 +134,9 @@ walk(PyObject *self, PyObject *args)
         goto done;
     }
     int64_t *events = starts + P, *w = starts + 2 * P;
-    const int64_t limit = INT64_MAX / 4;
-    const int shift = log2_exact(block);
-    int64_t total = 0;
-    for (Py_ssize_t i = 0; i < b; i++) {
-        int64_t s = len[i];
-        if (s > limit - total) {
-            PyErr_Format(PyExc_ValueError, "lengths[%zd]: the stream's total does not fit in int64", i);
-            goto done;
-        }
-        int64_t n = s <= 1 ? 1 : (shift >= 0 ? ((s - 1) >> shift) + 1 : (s - 1) / block + 1);
-        w[i] = n + F;
-        total += n + F;
-    }
+    const int64_t total = count_blocks(len, b, block, F, F, w);
+    if (total < 0)
+        goto done;
     const int64_t QF = (total + P - 1) / P + F;
     int64_t x = 0;
     Py_ssize_t r = 0;               /* request whose boundary c = C[r] is the last one at or before the end */
@@ -194,18 +205,9 @@ rows(PyObject *self, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    const int64_t limit = INT64_MAX / 4;
-    const int shift = log2_exact(block);
-    int64_t total = 0;
-    for (Py_ssize_t i = 0; i < b; i++) {
-        int64_t s = len[i];
-        if (s > limit - total) {
-            PyErr_Format(PyExc_ValueError, "lengths[%zd]: the stream's total does not fit in int64", i);
-            goto done;
-        }
-        n[i] = s <= 1 ? 1 : (shift >= 0 ? ((s - 1) >> shift) + 1 : (s - 1) / block + 1);
-        total += n[i] + F;
-    }
+    const int64_t total = count_blocks(len, b, block, F, 0, n);
+    if (total < 0)
+        goto done;
     /* the kernel's greedy loop, one request and one partition at a time: request r, its first
        block k not yet placed, and j, the pieces of r placed so far */
     const int64_t payload = (total + P - 1) / P + F;
