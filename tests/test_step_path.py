@@ -20,7 +20,7 @@ from validator.calls import DecodeCall
 from validator.engine import plan_batch
 from validator.knowledge import resolve_gpu
 from validator.plan import effective_lengths, plan
-from validator.registry import rules_for, shape_rules
+from validator.registry import rules_for, run_rules, shape_rules
 
 # every test here runs on the pure-Python paths and on the compiled helpers
 pytestmark = pytest.mark.usefixtures("impl")
@@ -96,6 +96,15 @@ def test_effective_lengths_of_an_empty_call_are_an_empty_array(h200):
                           extra_topk=512, extra_topk_length=etl)
         arr, uni = effective_lengths(call, gen)
         assert uni is None and arr.shape == (0,)
+
+
+def test_a_call_of_no_rows_has_no_schedule_and_the_rules_do_not_raise(h200):
+    # b = 0 cannot come from validated input (records and engines ask for b >= 1), but a call built
+    # in code can have it: there is no scheduler run to model, and no rule may raise
+    for tl in (None, np.zeros(0, dtype=np.int64)):
+        p = plan(DecodeCall(kind="sparse", b=0, s_q=1, h_q=64, d_qk=512, topk=128, topk_length=tl), h200)
+        assert not p.scheduler_runs and p.schedule is None
+        assert "FMLA002" not in {f.code for f in run_rules("call", p)}
 
 
 def engine_batches(chk: Checker, rng: random.Random):

@@ -99,7 +99,6 @@ def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = I
 LENGTH_FIELDS = ("topk_length", "extra_topk_length")
 
 
-
 class cached:
     """A property computed on first use and kept in the instance's ``__dict__`` (where later
     lookups find it before this descriptor). What ``functools.cached_property`` does, without
@@ -119,6 +118,7 @@ class cached:
             return self
         value = obj.__dict__[self.name] = self.func(obj)
         return value
+
 
 @dataclass(frozen=True, eq=False)
 class DecodeCall:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from .calls import DecodeCall, KernelCall, SparsePrefillCall, cached
@@ -194,8 +195,9 @@ class Plan:
 
     @property
     def scheduler_runs(self) -> bool:
-        """False when the kernel exits before writing any metadata (no implementation, or b too big)."""
-        return self.is_decode and self.num_sm_parts is not None and self.call.b <= self.max_sched_rows
+        """False when the kernel exits before writing any metadata (no implementation, or b too big),
+        and for a call of no rows (which validated input never is: there is no schedule to model)."""
+        return self.is_decode and self.num_sm_parts is not None and 0 < self.call.b <= self.max_sched_rows
 
     @cached
     def lengths(self) -> tuple[np.ndarray | None, int | None]:
