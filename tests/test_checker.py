@@ -259,6 +259,14 @@ def test_headroom_without_routing(pre):
     assert empty.rows == 0 and empty.more_rows == LIMIT and not empty.legal_now and empty.can_add(1)
 
 
+@pytest.mark.parametrize("rows,legal", [(LIMIT - 1, True), (LIMIT, True), (LIMIT + 1, False)])
+def test_headroom_at_the_limit_adding_nothing_is_the_step_as_it_is(pre, rows, legal):
+    h = pre.headroom("extend", extend_lens=[rows])
+    assert h.legal_now is legal and h.can_add(0) is legal
+    assert h.can_add(1) is (rows + 1 <= LIMIT)
+    assert pre.verdict("extend", extend_lens=[rows]).legal is legal
+
+
 def test_headroom_with_routing_names_the_gap(post):
     rows = 8192
     h = post.headroom("extend", extend_lens=[4096, 4096])

@@ -169,7 +169,7 @@ class Headroom:
         """Whether the step is legal (row-wise) with ``rows`` more query rows."""
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
             raise InputError("rows", f"expected an integer >= 0, got {rows!r}")
-        if self.routed or self.max_rows is None:
+        if rows == 0 or self.routed or self.max_rows is None:   # adding nothing leaves the step as it is
             return self.legal_now
         if self.config_ok and rows <= self.more_rows and self.rows + rows >= 1:
             return True
