@@ -650,7 +650,8 @@ class WalkMemo:
     earlier step's - consecutive decode steps, until some request crosses a 64-token block - reuses
     that walk exactly. Entries are keyed by ``(P, F, widths)`` (small batches: ``(P, F, C)``), and
     uniform schedules keep their :class:`Period` under ``("period", b, P, F, w)``; the least
-    recently used entry is evicted first.
+    recently used entry is evicted first. With the compiled walk, :func:`schedule_memo` keeps only
+    the periods: walking costs less than building a key and looking it up.
     """
 
     def __init__(self, maxsize: int = 64):
@@ -694,8 +695,9 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """:func:`schedule_fast`, reusing the walk of an earlier call with the same block counts.
 
     Exactly the same Schedule (see :class:`WalkMemo`); for uniform lengths the memo keeps the
-    period of the walk (a function of b, P, F and the width). ``memo``: the memo to use; its owner
-    (a :class:`validator.Checker`) decides its lifetime.
+    period of the walk (a function of b, P, F and the width). With the compiled walk, non-uniform
+    schedules are walked every time and nothing of them is stored. ``memo``: the memo to use; its
+    owner (a :class:`validator.Checker`) decides its lifetime.
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
