@@ -16,8 +16,13 @@ if os.environ.get("VALIDATE_BATCH_PURE_PYTHON"):
 else:
     try:
         from . import _walk as compiled
-    except ImportError as e:        # not built (no C compiler at install time)
-        reason = f"not built ({e})"
+    except ImportError as e:
+        from importlib.util import find_spec
+
+        if find_spec(f"{__package__}._walk") is None:   # no C compiler at install time
+            reason = "not built at install (no C compiler then?)"
+        else:                                           # built, but it does not load here
+            reason = f"built but not loadable: {e}"
 
 
 def status() -> str:
