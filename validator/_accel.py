@@ -20,7 +20,7 @@ else:
         from importlib.util import find_spec
 
         if find_spec(f"{__package__}._walk") is None:   # no C compiler at install time
-            reason = "not built at install (no C compiler then?)"
+            reason = "not built at install: no C compiler then?"
         else:                                           # built, but it does not load here
             reason = f"built but not loadable: {e}"
 
