@@ -246,7 +246,7 @@ def _column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool =
 
 def _top_within(v: list, lo: int, hi: int) -> int:
     """The largest value of a non-empty list of plain ints all in [lo, hi] (lo >= 0), or -1 when it
-    is not one (an element loop for short lists, C builtins otherwise)."""
+    is not one: :func:`_ints_within` that also gives the maximum, in the same pass for short lists."""
     if len(v) <= 8:
         top = -1
         for x in v:
@@ -262,8 +262,13 @@ def _top_within(v: list, lo: int, hi: int) -> int:
 
 
 def _ints_within(v: list, lo: int, hi: int) -> bool:
-    """A list of plain ints, all in [lo, hi] (lo >= 0; an empty list is one)."""
-    return not v or _top_within(v, lo, hi) >= 0
+    """A list of plain ints, all in [lo, hi] (an element loop for short lists, C builtins otherwise)."""
+    if len(v) <= 8:
+        for x in v:
+            if x.__class__ is not int or x < lo or x > hi:
+                return False
+        return True
+    return set(map(type, v)) == _INT_TYPES and min(v) >= lo and max(v) <= hi
 
 
 def _column_slow(v: list, name: str, lo: int, hi: int) -> list:
