@@ -262,7 +262,10 @@ def _top_within(v: list, lo: int, hi: int) -> int:
 
 
 def _ints_within(v: list, lo: int, hi: int) -> bool:
-    """A list of plain ints, all in [lo, hi] (an element loop for short lists, C builtins otherwise)."""
+    """A list of plain ints, all in [lo, hi] (an element loop for short lists, C builtins otherwise).
+
+    The same pass as :func:`_top_within` without the maximum, kept as its own loop: calling that one
+    costs about 0.1 us more per list, a measurable part of the verdict on one-request steps."""
     if len(v) <= 8:
         for x in v:
             if x.__class__ is not int or x < lo or x > hi:
