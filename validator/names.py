@@ -1,0 +1,59 @@
+"""One name per concept: engine setting names and forward-mode names, read from ``rules/settings.json``.
+
+Every module that needs a setting's type, the settings a consumer reads, or a forward mode's name
+takes it from here; nothing else keeps a list of them.
+"""
+from __future__ import annotations
+
+from types import MappingProxyType
+
+from .knowledge import load
+
+_TYPES = {"int": int, "bool": bool, "str": str}
+_DATA = load("settings")
+
+
+def _types(spec: dict) -> type | tuple:
+    t = _TYPES[spec["type"]]
+    return (t, type(None)) if spec.get("nullable") else t
+
+
+#: every known setting -> its entry in the table
+SETTINGS = MappingProxyType(_DATA["settings"])
+#: settings the engine profiles read from a batch's ``server_args``, with their Python types
+BATCH_SETTINGS: MappingProxyType = MappingProxyType(
+    {k: _types(v) for k, v in SETTINGS.items() if "batch" in v["used_by"]})
+#: settings a launch command's diagnosis interprets (others are kept but not read)
+LAUNCH_SETTINGS: tuple = tuple(k for k, v in SETTINGS.items() if "launch" in v["used_by"])
+#: settings shown in a one-line summary, in order
+SUMMARY_SETTINGS: tuple = tuple(_DATA["summary_order"])
+#: other spellings of setting names (vLLM names, short flags)
+SETTING_ALIASES = MappingProxyType(_DATA["aliases"])
+#: settings that take no value on a command line
+BOOL_FLAG_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("bool_flag"))
+
+_MODES = _DATA["forward_modes"]
+#: the validator's forward modes
+FORWARD_MODES: tuple = tuple(_MODES["modes"])
+#: forward modes whose extend forwards an engine may route to a prefill kernel
+ROUTABLE_MODES: tuple = tuple(_MODES["routable"])
+#: other names users write for a mode (None: idle)
+MODE_ALIASES = MappingProxyType(_MODES["aliases"])
+#: SGLang ``ForwardMode`` enum names -> mode (None: idle)
+SGLANG_MODES = MappingProxyType(_MODES["sglang_enum"])
+#: SGLang ``ForwardMode`` predicate methods, asked in this order when a mode has no name
+SGLANG_MODE_METHODS: tuple = tuple((m, mode) for m, mode in _MODES["sglang_methods"])
+
+
+def normalize_setting(name: str) -> str:
+    """``--chunked-prefill-size`` -> ``chunked_prefill_size``; aliases resolved (``--tp`` -> ``tp_size``)."""
+    key = name.strip().lstrip("-").replace("-", "_")
+    return SETTING_ALIASES.get(key, key)
+
+
+def normalize_mode(name: str) -> str | None:
+    """A forward mode name or alias -> the mode (None: idle). Raises KeyError when unknown."""
+    low = name.strip().lower()
+    if low in FORWARD_MODES:
+        return low
+    return MODE_ALIASES[low]
