@@ -366,7 +366,7 @@ def test_one_checker_shared_by_threads_gives_the_sequential_answers():
 
 def test_importable_and_usable_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import validator, validator.checker, validator.adapters, validator.pytest_plugin\n"
+            "import validator, validator.guard, validator.adapters, validator.pytest_plugin\n"
             "c = validator.Checker(engine='sglang-dsv4@pre-25418', gpu='H200')\n"
             "v = c.verdict('extend', extend_lens=[4096, 4096, 4096], rids=['p1', 'p2', 'p3'])\n"
             "assert not v and v.safe_split.steps == [['p1', 'p2'], ['p3']]\n"
@@ -408,7 +408,7 @@ def test_step_plans_equal_planning_each_call_from_scratch(gpu, kernel, h_q, extr
     # The per-step path reuses a call shape's implementation and partitions; planning the same call
     # from scratch must give the same plan.
     from validator.calls import DecodeCall
-    from validator.engine import _decode_plan, _shape_plan
+    from validator.profiles.dsv4 import _shape_plan, step_plan as _decode_plan
     from validator.knowledge import resolve_gpu
     from validator.plan import plan
 

@@ -5,7 +5,8 @@ import random
 import pytest
 
 import validator
-from validator.split import RowRule, _min_segments_rows
+from validator.bounds import RowRule
+from validator.split import _min_segments_rows
 
 
 def brute(tokens, ok):

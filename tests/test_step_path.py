@@ -17,7 +17,7 @@ import pytest
 
 from validator import Checker, InputError
 from validator.calls import DecodeCall
-from validator.engine import plan_batch
+from validator.evaluate import plan_batch
 from validator.knowledge import resolve_gpu
 from validator.plan import effective_lengths, plan
 from validator.registry import rules_for, run_rules, shape_rules
@@ -185,7 +185,7 @@ def test_shape_only_rules_ignore_b_and_the_length_values():
 @pytest.mark.parametrize("gpu", ["H200", "B200"])
 @pytest.mark.parametrize("model", [{}, {"h_q": 96}, {"h_q": 128}, {"h_q": 32}])
 def test_engine_findings_equal_every_rule_on_calls_planned_from_scratch(gpu, model):
-    from validator.engine import check_engine_batch
+    from validator.pipeline import check_engine_batch
 
     rng = random.Random(len(model) + len(gpu))
     chk = Checker(engine=PRE, gpu=gpu, server_args={"speculative_num_draft_tokens": 2}, model=model)

@@ -33,20 +33,9 @@ from typing import Any
 
 import numpy as np
 
-from .batch import MAX_TOKENS
 from .errors import InputError
-
-SGLANG_MODES = {
-    "EXTEND": "extend", "PREFILL": "extend", "SPLIT_PREFILL": "extend",
-    "MIXED": "mixed",
-    "DECODE": "decode",
-    "TARGET_VERIFY": "target_verify",
-    "DRAFT_EXTEND": "draft_extend", "DRAFT_EXTEND_V2": "draft_extend",
-    "IDLE": None, "DUMMY_FIRST": None,
-}
-_MODE_METHODS = (("is_idle", None), ("is_target_verify", "target_verify"), ("is_draft_extend", "draft_extend"),
-                 ("is_mixed", "mixed"), ("is_decode", "decode"), ("is_extend", "extend"))
-
+from .fields import MAX_POSITION, MAX_TOKENS, column, ints_within
+from .names import SGLANG_MODE_METHODS, SGLANG_MODES
 
 def is_sglang_batch(obj: Any) -> bool:
     return hasattr(obj, "forward_mode") and hasattr(obj, "reqs")
@@ -104,7 +93,7 @@ def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> str | None:
             raise InputError("forward_mode", f"unknown SGLang forward mode {name!r}; known: {', '.join(SGLANG_MODES)}")
         mode = SGLANG_MODES[key]
     else:
-        for meth, m in _MODE_METHODS:
+        for meth, m in SGLANG_MODE_METHODS:
             f = getattr(fm, meth, None)
             if callable(f) and f():
                 mode = m
@@ -176,8 +165,6 @@ def sglang_lists(batch: Any, checker) -> dict | None:
 
 
 def _sglang_fast(batch: Any, checker) -> tuple | None:
-    from .checker import _column, _ints_within
-
     name = getattr(batch.forward_mode, "name", None)
     mode = SGLANG_MODES.get(name, "?") if name.__class__ is str else "?"
     if mode == "?":
@@ -191,15 +178,15 @@ def _sglang_fast(batch: Any, checker) -> tuple | None:
     ext, k = None, 0
     if mode == "extend" or mode == "mixed" or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
         ext = getattr(batch, "extend_lens", None)
-        if not (ext.__class__ is list and len(ext) == n and _ints_within(ext, 0, MAX_TOKENS)):
-            ext = _column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
+        if not (ext.__class__ is list and len(ext) == n and ints_within(ext, 0, MAX_TOKENS)):
+            ext = column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
         if mode == "mixed":
             k = _merged_decodes(batch, mode, n)
-    rows = checker._rows(mode, n, ext, k, None)
+    rows = checker.step_rows(mode, n, ext, k, None)
     max_slot = None
     if checker.has_slots:
-        slots = _column(_slots(batch), "req_pool_indices", 0, 1 << 31, n)
-        max_slot = checker._max_slot(slots)
+        slots = column(_slots(batch), "req_pool_indices", 0, MAX_POSITION, n)
+        max_slot = checker.max_slot_of(slots)
     return mode, rows, max_slot
 
 
@@ -251,10 +238,8 @@ def vllm_lists(out: Any, checker) -> dict | None:
         raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
                          f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
     prefix = [computed[r] for r in rids]
-    from .checker import _column
-
-    toks = _column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
-    prefix = _column(prefix, "num_computed_tokens", 0, 1 << 31, len(toks))
+    toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
+    prefix = column(prefix, "num_computed_tokens", 0, MAX_POSITION, len(toks))
     ids = [str(r) for r in rids]
     if _vllm_mode(toks, prefix) == "decode":
         return {"forward_mode": "decode", "rids": ids, "seq_lens": [p + 1 for p in prefix]}
@@ -262,12 +247,10 @@ def vllm_lists(out: Any, checker) -> dict | None:
 
 
 def _vllm_fast(out: Any, checker) -> tuple | None:
-    from .checker import _column
-
     rids, toks = _vllm_tokens(out)
     if not rids:
         return None
-    toks = _column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
+    toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     mode = "extend"
     if checker.threshold is not None:  # decode or extend matters only where extend forwards are routed
         lists = vllm_lists(out, checker)

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from .batch import is_batch_like
 from .calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
 from .errors import BatchIllegalError, InputError
 from .knowledge import GPU, resolve_gpu
 from .plan import Plan, plan
-from .registry import run_rules
+from .pipeline import check_batch
 from .report import Finding, Report
+from .ruleset import run_rules
 
 
 def _as_call(c: Any, where: str) -> KernelCall:
@@ -41,10 +43,8 @@ def check(obj: Any, gpu: Any = None, kernel: str | None = None, **kwargs) -> Rep
 
     Raises :class:`InputError` (field named) when the input itself is malformed.
     """
-    from . import batch as _batch  # engine batches (lazy: keeps the call path light)
-
-    if _batch.is_batch_like(obj):
-        return _batch.check_batch(obj, gpu=gpu, kernel=kernel, **kwargs)
+    if is_batch_like(obj):
+        return check_batch(obj, gpu=gpu, kernel=kernel, **kwargs)
     if isinstance(obj, (list, tuple)):
         return check_calls(obj, gpu or "H200", kernel)
     return check_calls([obj], gpu or "H200", kernel)

@@ -11,8 +11,7 @@ A batch document (JSON or YAML)::
     running:                          # optional: running requests not in this forward
       - {id: d1, seq_len: 2000, req_pool_idx: 2}
 
-:func:`check_batch` derives the kernel calls and slot-indexed buffers through the engine profiles,
-runs every rule, and proposes the minimal safe split when the batch is illegal.
+This module validates documents into :class:`Batch`; :mod:`validator.pipeline` checks them.
 """
 from __future__ import annotations
 
@@ -24,26 +23,9 @@ import numpy as np
 
 from .calls import MAX_ROWS
 from .errors import InputError
+from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
 from .knowledge import GPU, load, resolve_gpu
-
-FORWARD_MODES = ("extend", "decode", "mixed", "target_verify", "draft_extend")
-MODE_ALIASES = {"prefill": "extend", "verify": "target_verify", "draft": "draft_extend", "idle": None}
-MAX_REQUESTS = 1 << 20
-MAX_TOKENS = 1 << 24
-
-# server_args the profiles read, with their types (SGLang flag names, underscores).
-KNOWN_ARGS: dict[str, type | tuple] = {
-    "chunked_prefill_size": int, "max_prefill_tokens": int, "enable_mixed_chunk": bool,
-    "max_running_requests": int, "dp_size": int, "enable_dp_attention": bool, "tp_size": int,
-    "disaggregation_mode": (str, type(None)), "disaggregation_decode_extra_slots": (int, type(None)),
-    "speculative_algorithm": (str, type(None)), "speculative_num_draft_tokens": (int, type(None)),
-    "speculative_num_steps": (int, type(None)), "context_length": (int, type(None)),
-    "prefill_max_requests": (int, type(None)), "cuda_graph_max_bs": (int, type(None)),
-}
-
-
-def normalize_arg_name(name: str) -> str:
-    return name.strip().lstrip("-").replace("-", "_")
+from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, normalize_setting
 
 
 @dataclass(frozen=True)
@@ -208,6 +190,15 @@ class Batch:
     def with_requests(self, reqs: Sequence[Request]) -> "Batch":
         return replace(self, requests=tuple(reqs))
 
+    def for_step(self, forward_mode: str, requests: Sequence[Request], padded_rows: int | None) -> "Batch":
+        """This configuration with another step's mode, requests and padding. The configuration was
+        validated when this batch was made, so the copy skips the constructor (a guard makes one per
+        step)."""
+        b = object.__new__(Batch)
+        b.__dict__.update(self.__dict__)
+        b.__dict__.update(forward_mode=forward_mode, requests=requests, padded_rows=padded_rows)
+        return b
+
     def to_doc(self) -> dict:
         eng = [f"{n}@{v}" if v else n for n, v in self.profiles]
         d: dict = {"engine": eng[0] if len(eng) == 1 else eng, "gpu": self.gpu.name,
@@ -238,21 +229,6 @@ def _req_doc(r: Request) -> dict:
 
 
 # ----------------------------------------------------------------------------------- parsing
-def _int(d: Mapping, key: str, where: str, lo: int, hi: int, default: Any = ...) -> Any:
-    if key not in d or d[key] is None:
-        if default is ...:
-            raise InputError(f"{where}.{key}", "missing")
-        return default
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InputError(f"{where}.{key}", f"expected an integer, got {v!r}")
-    if v < lo:
-        raise InputError(f"{where}.{key}", f"expected >= {lo}, got {v}")
-    if v > hi:
-        raise InputError(f"{where}.{key}", f"{v} is absurd (expected <= {hi})")
-    return v
-
-
 MODEL_KEYS: dict[str, tuple[type, int]] = {
     "h_q": (int, 1), "num_attention_heads": (int, 1), "context_length": (int, 1), "index_kpool": (int, 0),
     "tail_extra_slots": (int, 0), "dsa_tails": (bool, 0),
@@ -278,15 +254,15 @@ def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Reque
         raise InputError(f"{where}.kind", f"expected \"extend\" or \"decode\", got {kind!r}")
     is_decode = kind == "decode" or (kind is None and default_decode and ext_key not in d) or (
         kind is None and "seq_len" in d and ext_key not in d)
-    extend = _int(d, ext_key, where, 0, MAX_TOKENS, 0 if is_decode else ...)
-    prefix = _int(d, "prefix_len" if "prefix_len" in d else "cached_tokens", where, 0, 1 << 31, 0)
-    seq_len = _int(d, "seq_len", where, 1, 1 << 31, None)
+    extend = int_field(d, ext_key, where, 0, MAX_TOKENS, 0 if is_decode else ...)
+    prefix = int_field(d, "prefix_len" if "prefix_len" in d else "cached_tokens", where, 0, MAX_POSITION, 0)
+    seq_len = int_field(d, "seq_len", where, 1, MAX_POSITION, None)
     if is_decode and seq_len is None:
         seq_len = prefix + 1 if prefix else None
         if seq_len is None:
             raise InputError(f"{where}.seq_len", "missing (a decode entry needs its current sequence length)")
-    slot = _int(d, "req_pool_idx" if "req_pool_idx" in d else "slot", where, 0, 1 << 31, None)
-    dp_rank = _int(d, "dp_rank", where, 0, 4096, 0)
+    slot = int_field(d, "req_pool_idx" if "req_pool_idx" in d else "slot", where, 0, MAX_POSITION, None)
+    dp_rank = int_field(d, "dp_rank", where, 0, 4096, 0)
     return Request(str(rid), extend, prefix, seq_len, slot, dp_rank, is_decode)
 
 
@@ -324,8 +300,8 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         raise InputError("server_args", f"expected an object of engine flags, got {sa_raw!r}")
     sa: dict[str, Any] = {}
     for k, v in sa_raw.items():
-        key = normalize_arg_name(str(k))
-        typ = KNOWN_ARGS.get(key)
+        key = normalize_setting(str(k))
+        typ = BATCH_SETTINGS.get(key)
         if typ is not None:
             types = typ if isinstance(typ, tuple) else (typ,)
             ok = isinstance(v, types) and not (bool not in types and isinstance(v, bool))
@@ -360,7 +336,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     if not isinstance(running_raw, list):
         raise InputError("running", "expected a list of running requests")
     running = tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running_raw))
-    padded = _int(doc, "padded_rows", "batch", 0, MAX_ROWS, None) if "padded_rows" in doc else None
+    padded = int_field(doc, "padded_rows", "batch", 0, MAX_ROWS, None) if "padded_rows" in doc else None
     model = doc.get("model") or {}
     if not isinstance(model, Mapping):
         raise InputError("model", f"expected an object, got {model!r}")
@@ -373,7 +349,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             if not isinstance(v, bool):
                 raise InputError(f"model.{k}", f"expected true or false, got {v!r}")
         else:
-            _int(model, k, "model", lo, MAX_TOKENS * 64)
+            int_field(model, k, "model", lo, MAX_TOKENS * 64)
     buffers = doc.get("buffers") or []
     if not isinstance(buffers, list):
         raise InputError("buffers", "expected a list of {name, rows | rows_from, plus, scope, indexed_by}")
@@ -385,7 +361,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             if k not in BUFFER_KEYS:
                 raise InputError(f"{where}.{k}", f"unknown field (known: {', '.join(sorted(BUFFER_KEYS))})")
             if k in ("rows", "plus"):
-                _int(ub, k, where, 0, MAX_TOKENS * 64)
+                int_field(ub, k, where, 0, MAX_TOKENS * 64)
             elif k != "name" and not isinstance(v, str):
                 raise InputError(f"{where}.{k}", f"expected a string, got {v!r}")
     label = doc.get("label") or doc.get("name") or ""
@@ -398,25 +374,3 @@ def is_batch_document(doc: Any) -> bool:
 
 def is_batch_like(obj: Any) -> bool:
     return isinstance(obj, Batch) or is_batch_document(obj)
-
-
-# ----------------------------------------------------------------------------------- checking
-def check_batch(obj: Any, gpu: Any = None, kernel: str | None = None, split: bool = True):
-    """Check an engine batch (a :class:`Batch` or a batch document) and return a Report."""
-    from .engine import check_engine_batch
-
-    b = obj if isinstance(obj, Batch) else batch_from_dict(obj, gpu)
-    if gpu is not None and isinstance(obj, Batch):
-        b = replace(b, gpu=resolve_gpu(gpu))
-    return check_engine_batch(b, kernel=kernel, split=split)
-
-
-def check_batch_document(doc: Any, gpu: Any = None, kernel: str | None = None):
-    report = check_batch(doc, gpu=gpu, kernel=kernel)
-    return report, {"kind": "batch", **report.context}
-
-
-def render_batch(report, payload, console) -> None:
-    from .render_batch import render_batch as _render
-
-    _render(report, payload, console)

@@ -197,12 +197,52 @@ class DecodeCall:
             rec["label"] = self.label
         return rec
 
+    def with_rows(self, b: int, topk_length, extra_topk_length, ranges: dict | None = None) -> "DecodeCall":
+        """This call with ``b`` rows and these per-row lengths, every other field the same.
+
+        The fields were validated when this call was made, so the copy skips the constructor;
+        ``ranges``: the exact ``(min, max)`` of the length arrays when the caller knows them
+        (see :attr:`length_ranges`)."""
+        call = object.__new__(DecodeCall)
+        fields = call.__dict__
+        fields.update(self.__dict__)
+        fields.pop("length_ranges", None)
+        fields["b"] = b
+        fields["topk_length"] = topk_length
+        fields["extra_topk_length"] = extra_topk_length
+        fields["meta"] = {}
+        if ranges is not None:
+            fields["length_ranges"] = ranges
+        return call
+
+    def light(self) -> "DecodeCall":
+        """A copy whose per-row arrays are replaced by their counts (for summaries of large calls)."""
+        call = object.__new__(DecodeCall)
+        call.__dict__.update(self.__dict__)
+        for k in LENGTH_FIELDS:
+            v = call.__dict__[k]
+            if v is not None:
+                call.__dict__[k] = RowCount(len(v))
+        return call
+
     def summary(self) -> str:
         if self.kind == "dense":
             return f"dense b={self.b} s_q={self.s_q} h_q={self.h_q}"
         extra = f" extra_topk={self.extra_topk}" if self.extra_topk is not None else ""
         tl = " topk_length=[..]" if self.topk_length is not None else ""
         return f"sparse b={self.b} s_q={self.s_q} h_q={self.h_q} d_qk={self.d_qk} topk={self.topk}{tl}{extra}"
+
+
+class RowCount:
+    """Stands in for a per-row array in a call record: its ``tolist()`` is the summary text."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def tolist(self) -> str:
+        return f"[{self.n} per-row values]"
 
 
 @dataclass(frozen=True)

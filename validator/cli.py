@@ -209,7 +209,7 @@ def check(
 
     try:
         if engine is not None:
-            from .batch import check_batch_document
+            from .pipeline import check_batch_document
             from .quick import batch_doc_from_flags
 
             doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu)

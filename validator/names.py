@@ -6,7 +6,9 @@ takes it from here; nothing else keeps a list of them.
 from __future__ import annotations
 
 from types import MappingProxyType
+from typing import Any
 
+from .errors import InputError
 from .knowledge import load
 
 _TYPES = {"int": int, "bool": bool, "str": str}
@@ -57,3 +59,21 @@ def normalize_mode(name: str) -> str | None:
     if low in FORWARD_MODES:
         return low
     return MODE_ALIASES[low]
+
+
+_MODE_NAMES: dict = {**{m: m for m in FORWARD_MODES}, **MODE_ALIASES, "idle": None}
+
+
+def parse_mode(forward_mode: Any) -> str | None:
+    """Normalize a forward mode name; ``None`` means idle (nothing runs)."""
+    m = _MODE_NAMES.get(forward_mode, "?") if type(forward_mode) is str else "?"
+    if m != "?":
+        return m
+    if type(forward_mode) is str:
+        low = forward_mode.lower()
+        if low == "idle":
+            return None
+        m = _MODE_NAMES.get(low, "?")
+        if m != "?":
+            return m
+    raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)} or idle, got {forward_mode!r}")

@@ -260,6 +260,15 @@ class Plan:
         d_v = self.gen["oaccum"]["d_v"]
         return rows * c.s_q * c.h_q * 4 * (1 + d_v)
 
+    def for_call(self, call: DecodeCall, memo: WalkMemo | None, quiet_rules: frozenset) -> "Plan":
+        """This plan for another call of the same shape (``call.with_rows``): the same GPU,
+        generation, implementation and partitions, which depend on the shape alone, so nothing
+        is recomputed."""
+        p = object.__new__(Plan)
+        p.__dict__.update(call=call, gpu=self.gpu, gen=self.gen, implementation=self.implementation,
+                          num_sm_parts=self.num_sm_parts, memo=memo, quiet_rules=quiet_rules)
+        return p
+
     def to_dict(self, with_schedule: bool = True) -> dict:
         c = self.call
         rec = c.to_record()

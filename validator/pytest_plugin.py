@@ -27,7 +27,7 @@ ENGINE_KEYS = ("engine", "gpu", "server_args", "model", "buffers", "kernel")
 
 
 def _checker(**engine):
-    from .checker import Checker
+    from .guard import Checker
 
     unknown = set(engine) - set(ENGINE_KEYS)
     if unknown:
@@ -46,7 +46,7 @@ def _report(batch: Any, checker):
 
 
 def failure_message(report, what: str = "batch") -> str:
-    from .checker import explain
+    from .explain import explain
 
     return explain(report, what=what)
 
@@ -163,7 +163,7 @@ def _compact(report) -> list[str]:
 
 
 def _explained(obj) -> list[str] | None:
-    from .checker import Verdict
+    from .guard import Verdict
     from .report import Report
 
     if isinstance(obj, Verdict) and not obj.legal:
@@ -177,7 +177,7 @@ def pytest_assertrepr_compare(config, op, left, right):
     """Explain ``assert <report or verdict> == LEGAL`` (or ``== True``) with the findings and the split."""
     if op != "==":
         return None
-    from .checker import LEGAL
+    from .guard import LEGAL
 
     for obj, other in ((left, right), (right, left)):
         if other is LEGAL or other is True:

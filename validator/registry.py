@@ -1,8 +1,16 @@
 """The rule registry: stable codes, one small function each, metadata from ``rules/catalog.json``.
 
-A rule is registered with ``@rule("FMLA001", scope="call")``; its docstring is its documentation
+The registry holds what is registered; :mod:`validator.ruleset` imports the project's rule
+modules and is what the rest of the code reads rules through. A rule is registered with
+``@rule("FMLA001", scope="call")``; its docstring is its documentation
 page (sections: What, Why it crashes, Example, Fix, Source) and ``validate-batch explain CODE``
 prints it. Rules are pure: they read a plan and return findings; they never raise on bad numbers.
+
+``reads`` declares the per-step quantities the rule depends on, from :data:`QUANTITIES`: the
+guard decides a step without the full check only when every rule's quantities are ones the
+engine profiles bound (see :mod:`validator.bounds`); a rule that declares nothing reads
+``requests`` (anything about the step), so the guard runs the full check for it. A rule reading
+``schedule`` may give ``safe_rows(plan)``: the largest ``b`` for which it provably finds nothing.
 
 ``shape_only=True`` declares that a call rule reads only the call's shape (heads, head dimension,
 cache widths and layout, which length arrays are present, the GPU, the implementation and its
@@ -21,6 +29,12 @@ from .knowledge import load
 from .report import Finding
 
 
+#: what a rule may read: the configuration alone; the forward's query rows (and its mode and
+#: routing); the largest request slot; the scheduler's output; the per-row cache lengths of a
+#: call; anything else about the step's requests
+QUANTITIES = frozenset({"config", "rows", "slots", "schedule", "lengths", "requests"})
+
+
 @dataclass(frozen=True)
 class Rule:
     code: str
@@ -32,6 +46,14 @@ class Rule:
     source: str
     family: str
     shape_only: bool = False
+    reads: frozenset = frozenset({"requests"})
+    safe_rows: Callable | None = None
+
+    @property
+    def split_helps(self) -> bool:
+        """Whether splitting a forward into steps can make this rule's findings go away: not when
+        it reads only the configuration or a request's own slot."""
+        return not self.reads <= {"config", "slots"}
 
     @property
     def doc(self) -> str:
@@ -44,10 +66,27 @@ class Rule:
 
 
 REGISTRY: dict[str, Rule] = {}
+_generation = [0]   # bumped whenever the registry changes: derived selections and bounds are rebuilt
 
 
-def rule(code: str, scope: str = "call", shape_only: bool = False):
-    """Register a rule function under a stable code; metadata comes from the catalog."""
+def generation() -> int:
+    """A number that changes whenever a rule is registered or removed."""
+    return _generation[0]
+
+
+def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None):
+    """Register a rule function under a stable code; metadata comes from the catalog.
+
+    ``reads``: the per-step quantities it depends on (names from :data:`QUANTITIES`; default
+    ``requests``); ``shape_only`` implies ``config``."""
+    if reads is None:
+        reads = ("config",) if shape_only else ("requests",)
+    reads = frozenset((reads,) if isinstance(reads, str) else reads)
+    unknown = reads - QUANTITIES
+    if unknown:
+        raise KeyError(f"rule {code} reads unknown quantities {sorted(unknown)}; known: {sorted(QUANTITIES)}")
+    if scope not in ("call", "batch"):
+        raise KeyError(f"rule {code}: scope must be 'call' or 'batch', got {scope!r}")
 
     def deco(func):
         meta = load("catalog")["rules"].get(code)
@@ -56,34 +95,38 @@ def rule(code: str, scope: str = "call", shape_only: bool = False):
         if code in REGISTRY:
             raise KeyError(f"rule code {code} registered twice")
         r = Rule(code, scope, func, meta["title"], meta["severity"], meta.get("failure", ""),
-                 meta.get("source", ""), meta.get("family", code[:-3]), shape_only)
+                 meta.get("source", ""), meta.get("family", code[:-3]), shape_only, reads, safe_rows)
         REGISTRY[code] = r
+        _generation[0] += 1
         func.rule = r
         return func
 
     return deco
 
 
+def unregister(code: str) -> None:
+    """Remove a rule (for rules registered at run time, e.g. by a test or a plugin)."""
+    if REGISTRY.pop(code, None) is not None:
+        _generation[0] += 1
+
+
 def all_rules() -> list[Rule]:
-    _load_rule_modules()
     return [REGISTRY[c] for c in sorted(REGISTRY)]
 
 
 def get_rule(code: str) -> Rule | None:
-    _load_rule_modules()
     return REGISTRY.get(code.upper())
 
 
 @lru_cache(maxsize=None)
-def _scope_rules(scope: str, num_registered: int) -> tuple[Rule, ...]:
-    # keyed by the registry's size: a rule registered later gets a fresh selection
+def _scope_rules(scope: str, gen: int) -> tuple[Rule, ...]:
+    # keyed by the registry's generation: a rule registered later gets a fresh selection
     return tuple(REGISTRY[c] for c in sorted(REGISTRY) if REGISTRY[c].scope == scope)
 
 
 def rules_for(scope: str) -> tuple[Rule, ...]:
     """The rules of one scope, in code order (selected once, not on every call)."""
-    _load_rule_modules()
-    return _scope_rules(scope, len(REGISTRY))
+    return _scope_rules(scope, _generation[0])
 
 
 def shape_rules() -> tuple[Rule, ...]:
@@ -92,26 +135,18 @@ def shape_rules() -> tuple[Rule, ...]:
 
 
 @lru_cache(maxsize=256)
-def _active_rules(scope: str, num_registered: int, skip: frozenset) -> tuple[Rule, ...]:
-    return tuple(r for r in _scope_rules(scope, num_registered) if r.code not in skip)
+def _active_rules(scope: str, gen: int, skip: frozenset, only: frozenset | None) -> tuple[Rule, ...]:
+    return tuple(r for r in _scope_rules(scope, gen) if r.code not in skip and (only is None or r.code in only))
 
 
-def run_rules(scope: str, subject) -> list[Finding]:
+def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Finding]:
+    """Every rule of ``scope`` over ``subject`` (``only``: just these codes)."""
     out: list[Finding] = []
     skip = getattr(subject, "quiet_rules", None)
-    rules = _active_rules(scope, len(REGISTRY), skip) if skip else rules_for(scope)
+    rules = _active_rules(scope, _generation[0], skip or frozenset(), only) if (skip or only is not None) \
+        else rules_for(scope)
     for r in rules:
         res: Iterable[Finding] | None = r.func(subject)
         if res:
             out.extend(res)
     return out
-
-
-_loaded = False
-
-
-def _load_rule_modules() -> None:
-    global _loaded
-    if not _loaded:
-        from . import rules_fmla, rules_engine  # noqa: F401  (registration side effect)
-        _loaded = True

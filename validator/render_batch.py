@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-from .render import render_findings
+from .render_findings import render_findings
 
 
 def render_batch(report, payload: dict, console: Console) -> None:
@@ -13,24 +13,9 @@ def render_batch(report, payload: dict, console: Console) -> None:
     eng = ", ".join(f"{k}@{v}" for k, v in bp.versions.items())
     console.print(f"batch: {escape(b.label) + ' - ' if b.label else ''}{b.forward_mode} forward, "
                   f"{len(b.requests)} request(s), {len(b.running)} running elsewhere; {eng} on {b.gpu.name}")
-    if bp.rows is not None:
-        parts = " + ".join(f"{v} {k.replace('_', ' ')}" for k, v in bp.row_breakdown.items() if v)
-        console.print(f"  FlashMLA query rows b = {bp.rows} ({parts}); decode-kernel limit {bp.max_decode_rows} rows")
-        console.print(f"  routing: {bp.routing['reason']}")
-        for c in bp.calls:
-            kern = "flash_mla_sparse_fwd" if c.route == "sparse_prefill" else "flash_mla_with_kvcache"
-            extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""
-            console.print(f"    {c.name}: {kern} {c.call.summary()}{extra}")
-    if bp.slots is not None:
-        s = bp.slots
-        console.print(f"  request table: {s.table_rows} rows (R={s.max_running} per DP, E={s.extra_slots}: {s.extra_slots_source}); "
-                      f"live slots 1..{s.table_rows - 1}")
-        for buf in s.buffers:
-            console.print(f"    {buf.name}: {buf.rows} rows ({buf.sizing})")
-        slots = [f"{r.id}={r.req_pool_idx}" for r in b.requests if r.req_pool_idx is not None]
-        if slots:
-            shown = ", ".join(slots[:12]) + (f", ... ({len(slots)} in all)" if len(slots) > 12 else "")
-            console.print(f"  slots in this forward: {shown}")
+    for prof in bp.profiles:
+        for line in prof.summary_lines(bp):
+            console.print(line)
     verdict = "[bold green]LEGAL[/]" if report.legal else "[bold red]ILLEGAL[/]"
     n_err = len(report.errors)
     console.print(f"verdict: {verdict}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)

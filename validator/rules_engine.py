@@ -8,7 +8,7 @@ def _slot_reqs(bp):
     return [r for r in bp.batch.requests if r.req_pool_idx is not None]
 
 
-@rule("SGL001", scope="batch")
+@rule("SGL001", scope="batch", reads="rows")
 def decode_kernel_rows(bp):
     """The engine sends more query rows to FlashMLA's decode kernel than its scheduler can take.
 
@@ -60,7 +60,7 @@ def decode_kernel_rows(bp):
     )]
 
 
-@rule("SGL002", scope="batch")
+@rule("SGL002", scope="batch", reads="rows")
 def empty_sparse_prefill(bp):
     """A forward routed to ``flash_mla_sparse_fwd`` must have at least one query row.
 
@@ -88,7 +88,7 @@ def empty_sparse_prefill(bp):
         subject="forward", numbers={"query_rows": 0}, fix="do not launch attention for an empty forward")]
 
 
-@rule("SLOT001", scope="batch")
+@rule("SLOT001", scope="batch", reads="slots")
 def slot_in_table(bp):
     """``req_pool_idx`` must address a row of the request table (``1 .. T_rows-1``).
 
@@ -129,7 +129,7 @@ def slot_in_table(bp):
     return out
 
 
-@rule("SLOT002", scope="batch")
+@rule("SLOT002", scope="batch", reads="slots")
 def slot_in_buffers(bp):
     """Every buffer indexed by ``req_pool_idx`` needs more rows than the largest live slot.
 
@@ -184,7 +184,7 @@ def slot_in_buffers(bp):
     return out
 
 
-@rule("SLOT003", scope="batch")
+@rule("SLOT003", scope="batch", reads="config")
 def tail_width(bp):
     """DSA compression tails must be ``index_kpool + draft tokens`` wide.
 
@@ -218,7 +218,7 @@ def tail_width(bp):
     return out
 
 
-@rule("SLOT004", scope="batch")
+@rule("SLOT004", scope="batch", reads="slots")
 def per_dp_buffer_global_slot(bp):
     """A buffer sized per DP rank must not be indexed by a global slot.
 

@@ -19,7 +19,7 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-@rule("FMLA001")
+@rule("FMLA001", reads="rows")
 def sched_smem(p: Plan):
     """Scheduler shared memory: at most ``(smem_optin - 4) // 20`` query rows per call.
 
@@ -65,7 +65,18 @@ def sched_smem(p: Plan):
     )]
 
 
-@rule("FMLA002")
+def oaccum_safe_rows(p: Plan) -> int | None:
+    """The largest ``b`` for which FMLA002 cannot fire, whatever the lengths: a split request's
+    last partial-result row is at most ``(b - 1) + P``, so ``(b - 1 + P) * stride < 2^31`` is safe
+    (None: no scheduler, no bound needed)."""
+    if not p.is_decode or p.num_sm_parts is None:
+        return None
+    c = p.call
+    stride = c.s_q * c.h_q * p.gen["oaccum"]["d_v"]
+    return max(INT32_MAX // stride - p.num_sm_parts + 1, 0)
+
+
+@rule("FMLA002", reads="schedule", safe_rows=oaccum_safe_rows)
 def oaccum_offset(p: Plan):
     """32-bit o_accum offset: the last partial-result row of a split request times ``s_q*h_q*512`` < 2^31.
 
@@ -112,7 +123,7 @@ def oaccum_offset(p: Plan):
     )]
 
 
-@rule("FMLA003")
+@rule("FMLA003", reads="lengths")
 def topk_length_range(p: Plan):
     """Per-request lengths within their cache width: ``0 <= topk_length[i] <= topk`` (and extra).
 
@@ -402,7 +413,7 @@ def int32_strides(p: Plan):
     return out
 
 
-@rule("FMLA010")
+@rule("FMLA010", reads="rows")
 def workspace(p: Plan):
     """The split-KV workspace must fit in GPU memory (a warning: the failure is recoverable).
 
@@ -542,7 +553,7 @@ def implementation_exists(p: Plan):
         fix="use an SM90 or SM100 GPU and a supported head count")]
 
 
-@rule("FMLA014")
+@rule("FMLA014", reads="rows")
 def sparse_prefill_rows(p: Plan):
     """``flash_mla_sparse_fwd`` needs at least one query row (and has no upper row limit).
 

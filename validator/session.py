@@ -4,9 +4,11 @@ from __future__ import annotations
 from typing import Optional
 
 from .api import check_calls
+from .batch import is_batch_document
 from .errors import InputError
 from .inputs import is_device_header, load_documents
 from .knowledge import GPU, gpu_from_fields, resolve_gpu
+from .pipeline import check_batch_document
 from .report import Report
 
 
@@ -23,12 +25,10 @@ def split_device_header(docs: list, gpu_opt: Optional[str]) -> tuple[list, GPU]:
 
 def check_documents(path: str, gpu: Optional[str], kernel: Optional[str]) -> tuple[Report, dict]:
     """Read FILE and check it: either call records (oracle format) or one engine batch."""
-    from . import batch as batch_mod
-
     docs = load_documents(path)
-    if len(docs) == 1 and batch_mod.is_batch_document(docs[0]):
-        return batch_mod.check_batch_document(docs[0], gpu=gpu, kernel=kernel)
-    if any(batch_mod.is_batch_document(d) for d in docs):
+    if len(docs) == 1 and is_batch_document(docs[0]):
+        return check_batch_document(docs[0], gpu=gpu, kernel=kernel)
+    if any(is_batch_document(d) for d in docs):
         raise InputError("FILE", "one engine batch per file (or a list of call records), not a mix")
     docs, g = split_device_header(docs, gpu)
     if not docs:

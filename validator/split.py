@@ -2,15 +2,21 @@
 
 Steps keep the requests' order: each step is a contiguous run of the forward's requests (or, with
 chunking, of their tokens). The fewest steps are found by dynamic programming over prefixes with a
-cheap row-count predicate; every chosen step is then re-checked with the full rule set, and if a
-re-check disagrees the search is redone with full checks.
+cheap row-count predicate (the configuration's :class:`~validator.bounds.RowRule`); every chosen
+step is then re-checked with the full rule set, and if a re-check disagrees the search is redone
+with full checks.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .batch import Batch, Request
+from .bounds import RowRule
+from .forward import request_rows
+from .names import ROUTABLE_MODES
+from .ruleset import get_rule
 
 
 @dataclass
@@ -45,49 +51,6 @@ class SafeSplit:
         return d
 
 
-def _full_ok(batch: Batch, reqs: list[Request], kernel) -> bool:
-    from .engine import check_engine_batch
-
-    return check_engine_batch(batch.with_requests(reqs), kernel=kernel, split=False).legal
-
-
-def _row_cost(batch: Batch, r: Request) -> int:
-    mode = batch.forward_mode
-    if mode == "target_verify":
-        return int(batch.arg("speculative_num_draft_tokens") or 0)
-    if r.is_decode:
-        return 1
-    if mode == "draft_extend":
-        return r.extend_tokens or int(batch.arg("speculative_num_draft_tokens") or 0)
-    return r.extend_tokens
-
-
-@dataclass(frozen=True)
-class RowRule:
-    """Legality of a step from its request rows alone: ``0 < rows + merged <= max_rows``, or, when
-    the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate)."""
-
-    max_rows: int
-    threshold: int | None
-    merged: int
-
-    def __call__(self, rows: int) -> bool:
-        total = rows + self.merged
-        if total <= 0:
-            return False
-        return total <= self.max_rows or (self.threshold is not None and total > self.threshold)
-
-
-def _rows_predicate(batch: Batch, report) -> RowRule | None:
-    """The row rule of this batch, when only the row count can matter (DSv4 without slots)."""
-    bp = report.batch_plan
-    if bp is None or bp.rows is None or bp.slots is not None:
-        return None
-    routable = batch.forward_mode in ("extend", "mixed")
-    thr = bp.routing.get("threshold") if routable else None
-    return RowRule(bp.max_decode_rows, thr, len(batch.running) if batch.mixed else 0)
-
-
 def _min_segments_rows(prefix: list[int], rule: RowRule) -> list[tuple[int, int]] | None:
     """Fewest contiguous segments under a RowRule, in O(n) (exact).
 
@@ -110,8 +73,6 @@ def _min_segments_rows(prefix: list[int], rule: RowRule) -> list[tuple[int, int]
             segs.append((i, j))
             i = j
         return segs
-    from collections import deque
-
     INF = n + 1
     best = [0] + [INF] * n
     prev = [-1] * (n + 1)
@@ -170,7 +131,7 @@ def _min_contiguous(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[in
 
 def _chunked(batch: Batch, step_ok: Callable[[int], bool], cap: int) -> list[list[dict]] | None:
     """Greedy chunking: each step takes the largest legal number of remaining tokens."""
-    if batch.forward_mode not in ("extend", "mixed"):
+    if batch.forward_mode not in ROUTABLE_MODES:
         return None
     items = [[r, r.extend_tokens, 0] for r in batch.requests if not r.is_decode]
     decodes = [r for r in batch.requests if r.is_decode]
@@ -215,60 +176,80 @@ def _chunk_requests(batch: Batch, step: list[dict]) -> list[Request]:
     return out
 
 
-def _settings(batch: Batch, report) -> list[dict]:
+def _settings(batch: Batch, report, bounds) -> list[dict]:
+    """Engine settings that would have prevented the batch, from each of its profiles."""
     bp = report.batch_plan
-    out: list[dict] = []
     if bp is None:
-        return out
-    if bp.rows is not None and bp.max_decode_rows is not None:
-        L = bp.max_decode_rows
-        mode = batch.forward_mode
-        if mode in ("extend", "mixed"):
-            if batch.arg("enable_mixed_chunk", False) or mode == "mixed":
-                R = int(batch.arg("max_running_requests") or len(batch.running) or 0)
-                out.append({"flag": "--chunked-prefill-size", "value": L - R,
-                            "why": f"with mixed chunking up to {R} running decodes join each prefill: {L} - {R}"})
-            else:
-                out.append({"flag": "--chunked-prefill-size", "value": L,
-                            "why": f"bounds the query rows of every extend forward to the decode kernel's {L}"})
-            out.append({"flag": "--max-prefill-tokens", "value": L, "why": "keeps a prefill batch's new tokens within the limit"})
-            if bp.routing.get("threshold") is not None:
-                out.append({"flag": "(engine)", "value": f"route at > {L} rows instead of > {bp.routing['threshold']}",
-                            "why": "the routing threshold assumes 228 KiB of shared memory; the opt-in limit is 227 KiB"})
-            else:
-                out.append({"flag": "(upgrade)", "value": "SGLang with sparse-prefill routing (PR #25418)",
-                            "why": f"routes extend forwards above 11673 rows to flash_mla_sparse_fwd; {L + 1}..11673 still crash"})
-        elif mode == "target_verify":
-            d = int(batch.arg("speculative_num_draft_tokens") or 1)
-            out.append({"flag": "--max-running-requests", "value": L // d,
-                        "why": f"a verify forward has batch size x {d} draft tokens rows"})
+        return []
+    return [st for prof in bp.profiles for st in prof.prevention(batch, bp, bounds)]
+
+
+def _no_split(errors: list) -> str | None:
+    """Why no split can help, when some error is of a rule that splitting cannot fix (it reads only
+    the configuration or a request's own slot); None otherwise."""
+    fixed = [f for f in errors if not _rule_of(f).split_helps]
+    if not fixed:
+        return None
+    first = fixed[0]
+    who = sorted({str(f.numbers["request"]) for f in fixed if "request" in f.numbers})
+    if who:
+        return (f"no split can make request(s) {', '.join(who)} legal: the slot is the request's own and "
+                f"a slot-indexed buffer is too small ({first.message}); fix the sizing")
+    codes = ", ".join(sorted({f.code for f in fixed}))
+    return f"no split can help: the configuration itself breaks {codes} ({first.message})"
+
+
+def _rule_of(f):
+    r = get_rule(f.code)
+    if r is None:           # a finding of a rule removed since: treat as one a split may fix
+        return _UNKNOWN
+    return r
+
+
+class _Unknown:
+    split_helps = True
+
+
+_UNKNOWN = _Unknown()
+
+
+def _min_greedy(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[int, int]] | None:
+    """Contiguous segments, each the longest legal run from its start (found by bisection): for
+    long steps whose legality only the full check can tell (not always the fewest)."""
+    segs, i = [], 0
+    while i < n:
+        if not seg_ok(i, i + 1):
+            return None
+        good, bad = i + 1, n + 1
+        if seg_ok(i, n):
+            good = n
         else:
-            out.append({"flag": "--max-running-requests", "value": L, "why": "a decode forward has one row per request"})
-    if bp.slots is not None:
-        s = bp.slots
-        for buf in s.buffers[1:]:
-            if buf.rows < s.table_rows:
-                out.append({"flag": "(engine)", "value": f"size {buf.name} with {s.table_rows + 1} rows",
-                            "why": f"live slots go up to {s.table_rows - 1}; it has {buf.rows} ({buf.sizing})"})
-        if s.pd_decode and s.extra_slots:
-            out.append({"flag": "--disaggregation-decode-extra-slots", "value": 0,
-                        "why": f"stopgap: keeps slots within {s.max_running} so {s.max_running + 1}-row buffers suffice (fewer pre-allocated transfers)"})
-    return out
+            bad = n
+            while bad - good > 1:
+                mid = (good + bad) // 2
+                if seg_ok(i, mid):
+                    good = mid
+                else:
+                    bad = mid
+        segs.append((i, good))
+        i = good
+    return segs
 
 
-def safe_split(batch: Batch, report, kernel=None) -> SafeSplit:
+def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> SafeSplit:
+    """The fewest steps that run ``batch``'s requests in order, each legal under every rule.
+
+    ``legal(requests)``: the full check of the batch with just these requests; ``bounds``: the
+    configuration's :class:`~validator.bounds.StepBounds` (its row rule is the cheap predicate)."""
     reqs = list(batch.requests)
     n = len(reqs)
-    errors = report.errors
-    slot_errors = [f for f in errors if f.code.startswith("SLOT")]
-    settings = _settings(batch, report)
-    if slot_errors:
-        who = ", ".join(sorted({str(f.numbers.get("request")) for f in slot_errors}))
-        return SafeSplit(False, reason=(f"no split can make request(s) {who} legal: the slot is the request's own and "
-                                        f"a slot-indexed buffer is too small ({slot_errors[0].message}); fix the sizing"),
-                         settings=settings)
-    pred = _rows_predicate(batch, report)
-    costs = [_row_cost(batch, r) for r in reqs]
+    settings = _settings(batch, report, bounds)
+    reason = _no_split(report.errors)
+    if reason is not None:
+        return SafeSplit(False, reason=reason, settings=settings)
+    merged = len(batch.running) if batch.mixed else 0
+    pred = bounds.row_rule(batch.forward_mode, merged) if report.batch_plan is not None else None
+    costs = request_rows(batch) if pred is not None else [0] * n
     prefix = [0]
     for c in costs:
         prefix.append(prefix[-1] + c)
@@ -276,33 +257,33 @@ def safe_split(batch: Batch, report, kernel=None) -> SafeSplit:
 
     def full_seg(i: int, j: int) -> bool:
         if (i, j) not in memo:
-            memo[(i, j)] = _full_ok(batch, reqs[i:j], kernel)
+            memo[(i, j)] = legal(reqs[i:j])
         return memo[(i, j)]
 
     seg_ok = (lambda i, j: pred(prefix[j] - prefix[i])) if pred is not None else full_seg
     segs = _min_segments_rows(prefix, pred) if pred is not None else None
     if segs is None:
-        segs = _min_contiguous(n, seg_ok) if (pred is None or n <= 400) else None
+        if n <= 400:
+            segs = _min_contiguous(n, seg_ok)
+        elif pred is None:
+            segs = _min_greedy(n, seg_ok)
     rechecked = True
     if segs is not None and not all(full_seg(i, j) for i, j in segs):
-        rechecked = True
-        segs = _min_contiguous(n, full_seg)
+        segs = _min_contiguous(n, full_seg) if n <= 400 else _min_greedy(n, full_seg)
     steps = [[r.id for r in reqs[i:j]] for i, j in segs] if segs is not None else None
     unchunked_reason = ""
     if steps is None:
         bad = [r.id for k, r in enumerate(reqs) if not seg_ok(k, k + 1)]
         unchunked_reason = f"request(s) {', '.join(bad)} are illegal even alone; they need chunking"
     chunked = None
-    if pred is not None and batch.forward_mode in ("extend", "mixed"):
-        merged = len(batch.running) if batch.mixed else 0
-        cap = report.batch_plan.max_decode_rows - merged
-        chunked = _chunked(batch, pred, cap)
-        if chunked is not None and not all(_full_ok(batch, _chunk_requests(batch, st), kernel) for st in chunked):
+    if pred is not None and batch.forward_mode in ROUTABLE_MODES:
+        chunked = _chunked(batch, pred, bounds.max_rows - merged)
+        if chunked is not None and not all(legal(_chunk_requests(batch, st)) for st in chunked):
             chunked = None
     naive = None
-    if batch.forward_mode in ("extend", "mixed") and (batch.running or any(r.is_decode for r in reqs)):
+    if batch.forward_mode in ROUTABLE_MODES and (batch.running or any(r.is_decode for r in reqs)):
         prefills = [r for r in reqs if not r.is_decode]
-        illegal = [r.id for r in prefills if not _full_ok(batch, [r], kernel)]
+        illegal = [r.id for r in prefills if not legal([r])]
         naive = {"rule": "one prefill per step while decoding", "steps": len(prefills), "illegal_steps": illegal,
                  "crashes": bool(illegal)}
     possible = steps is not None or chunked is not None

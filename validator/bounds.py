@@ -1,0 +1,192 @@
+"""The bounds a configuration puts on a step, derived from the rules: the one legality model.
+
+The guard's fast path (:meth:`validator.Checker.verdict`), ``headroom``, the split search and
+bisect's boundary all decide a step from :class:`StepBounds`; nothing else keeps a copy of a limit.
+
+Each rule declares the per-step quantities it reads (:data:`validator.registry.QUANTITIES`). The
+engine profiles give the bounds they know for the quantities they provide (``max_rows`` and the
+routing threshold; ``max_slot``); :func:`derive_bounds` checks each against the rules themselves
+on synthetic steps at the bound and one past it, and searches for the real edge when they
+disagree (a rule added later that fires earlier moves the bound). Rules that read only the
+configuration are run once. A rule reading ``schedule`` is decided below its ``safe_rows``; above
+it, and for every rule whose quantities no bound covers, the guard runs the full check.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from .batch import Batch, RequestColumns
+from .calls import MAX_ROWS
+from .evaluate import EngineSetup, evaluate
+from .names import ROUTABLE_MODES
+from .ruleset import all_rules, generation
+
+#: quantities a bound (or the configuration probe) always covers; ``lengths`` is covered when
+#: every profile of the batch guarantees it
+COVERED = frozenset({"config", "rows", "slots", "schedule"})
+
+
+@dataclass(frozen=True)
+class RowRule:
+    """Legality of a step from its request rows alone: ``0 < rows + merged <= max_rows``, or, when
+    the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate)."""
+
+    max_rows: int
+    threshold: int | None
+    merged: int
+
+    def __call__(self, rows: int) -> bool:
+        t = rows + self.merged
+        if t <= 0:
+            return False
+        return t <= self.max_rows or (self.threshold is not None and t > self.threshold)
+
+
+@dataclass(frozen=True)
+class StepBounds:
+    """What a step of one configuration may hold, and how to decide it from counts."""
+
+    rules_generation: int
+    has_rows: bool                    # a profile provides query rows
+    has_slots: bool                   # a profile provides request slots
+    max_rows: int | None              # largest legal query rows on the decode kernel (None: no rows)
+    threshold: int | None             # extend forwards above it are routed (None: never)
+    sched_free_rows: int              # rows up to which the schedule rules provably find nothing
+    max_slot: int | None              # largest legal slot (None: no slots)
+    decode_ok: bool                   # the configuration breaks no rule on the decode-kernel path
+    routed_ok: bool                   # ... on the routed path
+    static_findings: tuple            # errors of the configuration itself
+    undecided: tuple                  # rules no bound covers: the guard runs the full check for them
+
+    @property
+    def complete(self) -> bool:
+        """Every registered rule is decided by these bounds (and none was added since)."""
+        return not self.undecided and self.rules_generation == generation()
+
+    @property
+    def sure_rows(self) -> int:
+        """1..sure_rows query rows are legal in any mode, given slots within range."""
+        if not self.decode_ok:
+            return 0
+        if not self.has_rows:
+            return MAX_ROWS
+        return min(self.max_rows, self.sched_free_rows, self.threshold if self.threshold is not None else self.max_rows)
+
+    def decide(self, mode: str, rows: int, max_slot: int | None) -> bool | None:
+        """Legality from the row count and the largest slot; None when only the full check can tell."""
+        if not self.complete:
+            return None
+        if max_slot is not None and self.max_slot is not None and max_slot > self.max_slot:
+            return False
+        if not self.has_rows:
+            return self.decode_ok
+        if rows <= 0:
+            return False
+        thr = self.threshold
+        if thr is not None and rows > thr and mode in ROUTABLE_MODES:
+            return self.routed_ok
+        if rows > self.max_rows or not self.decode_ok:
+            return False
+        if rows > self.sched_free_rows:
+            return None
+        return True
+
+    def row_rule(self, mode: str, merged: int) -> RowRule | None:
+        """The row predicate of a step of this mode, when rows alone decide it (no slots, every rule
+        covered); None otherwise (the split then checks each candidate step in full)."""
+        if not self.complete or not self.has_rows or self.has_slots or not self.decode_ok:
+            return None
+        thr = self.threshold if (mode in ROUTABLE_MODES and self.routed_ok) else None
+        return RowRule(self.max_rows, thr, merged)
+
+
+def probe_step(batch: Batch) -> Batch:
+    """The configuration of ``batch`` with a one-request decode step (what the configuration probe checks)."""
+    return replace(batch, forward_mode="decode", requests=RequestColumns(1, ["probe"], None, None, [1], None, 0),
+                   running=(), padded_rows=None)
+
+
+def _codes(pred) -> frozenset:
+    return frozenset(r.code for r in all_rules() if pred(r.reads))
+
+
+def _edge(legal, hint: int, lo: int, cap: int) -> int:
+    """The largest ``x`` in ``lo..cap`` with ``legal(x)``, legal values forming ``lo..edge``; checked
+    at ``hint`` and ``hint + 1`` first (two checks when the hint is right), searched otherwise.
+    ``lo - 1`` when nothing is legal."""
+    if hint < cap and legal(hint) and not legal(hint + 1):
+        return hint
+    if not legal(lo):
+        return lo - 1
+    good, bad = lo, None
+    if legal(min(hint, cap)):
+        good = min(hint, cap)
+        step = max(good, 1)
+        while bad is None:
+            nxt = min(good + step, cap)
+            if nxt == good:
+                return good
+            if legal(nxt):
+                good, step = nxt, step * 2
+            else:
+                bad = nxt
+    else:
+        bad = hint
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if legal(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -> StepBounds:
+    """The bounds of ``batch``'s configuration (its requests are not read)."""
+    gen = generation()
+    template = probe_step(batch)
+    probe = evaluate(template, kernel, setup=setup)
+    bp = probe.batch_plan
+    static = tuple(probe.errors)
+    decode_ok = not static
+    hints: dict = {}
+    for prof, _, part in setup.parts:
+        hints.update(prof.bound_hints(part, bp))
+    covered = COVERED | setup.guarantees
+    undecided = tuple(r.code for r in all_rules() if not r.reads <= covered)
+    has_rows, has_slots = "rows" in setup.provides, "slots" in setup.provides
+
+    max_rows = threshold = None
+    sched_free = MAX_ROWS
+    routed_ok = decode_ok
+    if has_rows:
+        only = _codes(lambda q: "rows" in q and q <= {"rows", "config"})
+
+        def rows_legal(r: int) -> bool:
+            step = replace(template, requests=RequestColumns(r, None, None, None, [1] * r, None, 0))
+            return evaluate(step, kernel, setup=setup, only=only).legal
+
+        max_rows = _edge(rows_legal, hints["max_rows"], 1, MAX_ROWS)
+        threshold = hints.get("threshold")
+        sched_rules = [r for r in all_rules() if "schedule" in r.reads]
+        sched_free = max_rows
+        for dc in bp.calls:
+            for r in sched_rules:
+                safe = r.safe_rows(dc.plan) if r.safe_rows is not None else 0
+                if safe is not None:
+                    sched_free = min(sched_free, safe)
+        if threshold is not None:
+            routed = replace(template, forward_mode="extend",
+                             requests=RequestColumns(1, ["probe"], [threshold + 1], [0]))
+            routed_ok = evaluate(routed, kernel, setup=setup).legal
+    max_slot = None
+    if has_slots:
+        only = _codes(lambda q: "slots" in q and q <= {"slots", "config"})
+
+        def slot_legal(s: int) -> bool:
+            step = replace(template, requests=RequestColumns(1, ["probe"], None, None, [1], [s], 0))
+            return evaluate(step, kernel, setup=setup, only=only).legal
+
+        max_slot = _edge(slot_legal, hints["max_slot"], 0, 1 << 31)
+    return StepBounds(gen, has_rows, has_slots, max_rows, threshold, max(sched_free, 0), max_slot, decode_ok,
+                      routed_ok, static, undecided)

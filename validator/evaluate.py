@@ -1,0 +1,98 @@
+"""Plan one forward through its engine profiles and run the rules over the plan.
+
+:func:`engine_setup` resolves what depends on the configuration alone (once per configuration);
+:func:`plan_batch` derives the step's kernel calls and slot buffers; :func:`evaluate` runs the
+rules (all, or a selection) and returns the :class:`~validator.report.Report` without a split.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .batch import Batch
+from .profiles import BatchPlan, get_profile, resolve_version
+from .report import Finding, Report
+from .ruleset import run_rules
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """What :func:`plan_batch` derives from a batch's configuration alone (profiles and their
+    versions, GPU, model, server args, buffers): a :class:`validator.Checker` builds it once and
+    passes it with every step of that configuration. ``parts``: ``(profile, version entry, setup)``
+    in profile order."""
+
+    versions: tuple                     # (profile, version label) in profile order
+    parts: tuple
+
+    def part(self, name: str):
+        """The configuration part of one profile (None when the batch does not use it)."""
+        return next((s for p, _, s in self.parts if p.name == name), None)
+
+    @property
+    def profiles(self) -> tuple:
+        return tuple(p for p, _, _ in self.parts)
+
+    @property
+    def provides(self) -> frozenset:
+        return frozenset().union(*(p.provides for p in self.profiles)) if self.parts else frozenset()
+
+    @property
+    def guarantees(self) -> frozenset:
+        """Rule inputs every profile of the batch keeps within their limits."""
+        gs = [p.guarantees for p in self.profiles]
+        return frozenset.intersection(*gs) if gs else frozenset()
+
+
+def engine_setup(batch: Batch, kernel: str | None = None) -> EngineSetup:
+    versions, parts = [], []
+    for name, ver in batch.profiles:
+        v = resolve_version(name, ver)
+        versions.append((name, v.get("matched_release", v["name"]) if ver else v["name"]))
+        prof = get_profile(name)
+        parts.append((prof, v, prof.setup(batch, v, kernel)))
+    return EngineSetup(tuple(versions), tuple(parts))
+
+
+def plan_batch(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None) -> BatchPlan:
+    """Derive every kernel call and slot buffer of the forward. ``memo``: a
+    :class:`~validator.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own);
+    ``setup``: :func:`engine_setup` of this batch's configuration, when the caller keeps it."""
+    if setup is None:
+        setup = engine_setup(batch, kernel)
+    bp = BatchPlan(batch, dict(setup.versions), profiles=setup.profiles)
+    for prof, version, part in setup.parts:
+        prof.derive(batch, version, part, bp, kernel, memo)
+    return bp
+
+
+def call_findings(bp: BatchPlan, only: frozenset | None = None) -> list[Finding]:
+    """Run the kernel rules on every derived call; one finding per distinct message, naming all calls."""
+    merged: dict[tuple, list] = {}
+    order = []
+    for dc in bp.calls:
+        for f in run_rules("call", dc.plan, only):
+            key = (f.code, f.message)
+            if key not in merged:
+                merged[key] = [f, []]
+                order.append(key)
+            merged[key][1].append(dc.name)
+    out = []
+    for key in order:
+        f, names = merged[key]
+        subj = f"FlashMLA call(s) {', '.join(names)} of this {bp.batch.forward_mode} forward"
+        out.append(Finding(f.code, f.severity, f.message, subj, f.numbers, f.fix, f.failure, f.source))
+    return out
+
+
+def evaluate(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None,
+             only: frozenset | None = None) -> Report:
+    """The report of one forward, without a split (``only``: run just these rule codes)."""
+    bp = plan_batch(batch, kernel, memo, setup)
+    findings = call_findings(bp, only) + run_rules("batch", bp, only)
+    report = Report(findings, [c.plan for c in bp.calls])
+    report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
+                                                             "requests": len(batch.requests),
+                                                             "running": len(batch.running)},
+                                  **bp.to_dict()})
+    report.batch_plan = bp
+    return report

@@ -1,0 +1,48 @@
+"""The whole path for one engine batch: plan, rules, and the safe split when it is illegal.
+
+``input -> Batch -> engine profiles -> kernel plans -> rules -> Report (+ safe split)``; the
+split reads the configuration's bounds (:mod:`validator.bounds`) and re-checks each step here.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from .batch import Batch, batch_from_dict
+from .bounds import StepBounds, derive_bounds
+from .evaluate import EngineSetup, engine_setup, evaluate
+from .knowledge import resolve_gpu
+from .report import Report
+from .ruleset import generation
+from .split import safe_split
+
+
+def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = True, memo=None,
+                       setup: EngineSetup | None = None, bounds: StepBounds | None = None) -> Report:
+    """Every rule over one forward; with ``split``, the minimal safe split of an illegal one.
+    ``setup`` / ``bounds``: the configuration's, when the caller keeps them (a Checker)."""
+    if setup is None:
+        setup = engine_setup(batch, kernel)
+    report = evaluate(batch, kernel, memo, setup)
+    if split and not report.legal:
+        if bounds is None or bounds.rules_generation != generation():
+            bounds = derive_bounds(batch, setup, kernel)
+
+        def legal(reqs) -> bool:
+            return evaluate(batch.with_requests(reqs), kernel, None, setup).legal
+
+        report.safe_split = safe_split(batch, report, legal, bounds)
+    return report
+
+
+def check_batch(obj: Any, gpu: Any = None, kernel: str | None = None, split: bool = True) -> Report:
+    """Check an engine batch (a :class:`Batch` or a batch document) and return a Report."""
+    b = obj if isinstance(obj, Batch) else batch_from_dict(obj, gpu)
+    if gpu is not None and isinstance(obj, Batch):
+        b = replace(b, gpu=resolve_gpu(gpu))
+    return check_engine_batch(b, kernel=kernel, split=split)
+
+
+def check_batch_document(doc: Any, gpu: Any = None, kernel: str | None = None) -> tuple[Report, dict]:
+    report = check_batch(doc, gpu=gpu, kernel=kernel)
+    return report, {"kind": "batch", **report.context}

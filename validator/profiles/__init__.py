@@ -1,0 +1,55 @@
+"""Engine profiles, one module each; ``rules/engines.json`` names them and holds their data.
+
+A profile entry's ``module`` names the module here that implements it (its ``PROFILE``); adding a
+profile is a data entry plus one module.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import import_module
+
+from ..errors import InputError
+from ..knowledge import load
+from .base import BatchPlan, DerivedCall, Profile
+
+
+def profile_names() -> list[str]:
+    return list(load("engines")["profiles"])
+
+
+@lru_cache(maxsize=None)
+def get_profile(name: str) -> Profile:
+    """The profile object of a profile name (as :func:`validator.batch.parse_engine` resolved it)."""
+    entry = load("engines")["profiles"].get(name)
+    if entry is None:
+        raise InputError("engine", f"unknown engine profile {name!r}; known: {', '.join(profile_names())}")
+    return import_module(f"{__name__}.{entry['module']}").PROFILE
+
+
+def _vtuple(v: str) -> tuple[int, ...] | None:
+    parts = v.lstrip("v").split(".")
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=None)
+def resolve_version(profile: str, version: str | None) -> dict:
+    """The version entry of a profile: by alias, by name, or by release number ranges."""
+    prof = load("engines")["profiles"][profile]
+    want = version or prof["default_version"]
+    for v in prof["versions"]:
+        if want == v["name"] or want in v.get("aliases", []):
+            return v
+    num = _vtuple(want)
+    if num is not None:
+        for v in prof["versions"]:
+            lo, hi = v.get("min_release"), v.get("max_release")
+            if (lo is None or num >= _vtuple(lo)) and (hi is None or num <= _vtuple(hi)):
+                return {**v, "matched_release": want}
+    names = [v["name"] for v in prof["versions"]] + [a for v in prof["versions"] for a in v.get("aliases", [])]
+    raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
+
+
+__all__ = ["BatchPlan", "DerivedCall", "Profile", "get_profile", "profile_names", "resolve_version"]

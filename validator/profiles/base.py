@@ -1,0 +1,103 @@
+"""What every engine profile shares: the plan of one forward, and the interface a profile implements.
+
+An engine profile turns a :class:`~validator.batch.Batch` into the kernel calls and slot-indexed
+buffers one forward touches (:class:`BatchPlan`). It is split into what depends on the
+configuration alone (:meth:`Profile.setup`, computed once per configuration) and what depends on
+the step (:meth:`Profile.derive`). It names the per-step quantities it provides (``rows``: query
+rows of the forward; ``slots``: the largest request slot) with the bounds that its configuration
+puts on them, which :mod:`validator.bounds` checks against the rules themselves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..batch import Batch
+from ..calls import DecodeCall, SparsePrefillCall
+from ..plan import Plan
+
+
+@dataclass
+class DerivedCall:
+    name: str
+    call: DecodeCall | SparsePrefillCall
+    plan: Plan
+    route: str  # "decode_kernel" | "sparse_prefill"
+
+    @property
+    def kernel(self) -> str:
+        return "flash_mla_sparse_fwd" if self.route == "sparse_prefill" else "flash_mla_with_kvcache"
+
+    def summary(self) -> dict:
+        call = self.call
+        if isinstance(call, DecodeCall) and (call.topk_length is not None or call.extra_topk_length is not None):
+            call = call.light()   # per-row arrays shown as counts: do not convert thousands of values
+        out = {"name": self.name, "route": self.route, "kernel": self.kernel, "call": call.to_record()}
+        if self.plan.num_sm_parts is not None:
+            out["num_sm_parts"] = self.plan.num_sm_parts
+            out["sched_smem_bytes"] = self.plan.sched_smem_bytes
+        return out
+
+
+@dataclass
+class BatchPlan:
+    """Everything the engine rules read about one forward, computed once.
+
+    ``rows``, ``row_breakdown``, ``routing`` and ``max_decode_rows`` are filled in by a profile that
+    provides query rows; ``slots`` by one that provides request slots; ``calls`` by any profile that
+    derives kernel calls. ``profiles`` are the profiles that built it, in order.
+    """
+
+    batch: Batch
+    versions: dict = field(default_factory=dict)
+    rows: int | None = None
+    row_breakdown: dict = field(default_factory=dict)
+    calls: list[DerivedCall] = field(default_factory=list)
+    routing: dict = field(default_factory=dict)
+    max_decode_rows: int | None = None
+    slots: Any = None
+    profiles: tuple = ()
+
+    def to_dict(self) -> dict:
+        d: dict = {"forward_mode": self.batch.forward_mode, "versions": self.versions}
+        for prof in self.profiles:
+            d.update(prof.context(self))
+        return d
+
+
+class Profile:
+    """One engine profile (a module under :mod:`validator.profiles` defines one and names it
+    ``PROFILE``; ``rules/engines.json`` lists it with its versions and defaults)."""
+
+    #: the key in ``rules/engines.json``
+    name: str = ""
+    #: per-step quantities this profile derives (``rows``, ``slots``)
+    provides: frozenset = frozenset()
+    #: rule inputs the derivation keeps within their limits by construction (``lengths``: the
+    #: per-row cache lengths it builds are always inside their cache widths)
+    guarantees: frozenset = frozenset()
+
+    def setup(self, batch: Batch, version: dict, kernel: str | None) -> Any:
+        """What the profile derives from the configuration alone (built once per configuration)."""
+        return None
+
+    def derive(self, batch: Batch, version: dict, setup: Any, bp: BatchPlan, kernel: str | None, memo=None) -> None:
+        """Fill ``bp`` with this step's calls / buffers."""
+
+    def bound_hints(self, setup: Any, bp: BatchPlan) -> dict:
+        """The bounds the configuration puts on the quantities this profile provides, as the profile
+        knows them (``max_rows``, ``threshold``; ``max_slot``). :mod:`validator.bounds` verifies
+        them against the rules and searches when they disagree."""
+        return {}
+
+    def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
+        """Engine settings that would have kept this batch legal: ``{flag, value, why}``."""
+        return []
+
+    def context(self, bp: BatchPlan) -> dict:
+        """This profile's part of a report's machine-readable context."""
+        return {}
+
+    def summary_lines(self, bp: BatchPlan) -> list[str]:
+        """This profile's part of the human description of a forward."""
+        return []

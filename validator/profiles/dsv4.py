@@ -1,0 +1,282 @@
+"""``sglang-dsv4``: SGLang's DeepSeek-V4 attention backend.
+
+One FlashMLA call per compression ratio (SWA, 4, 128) with ``b`` = the query rows of the forward
+(one row per token), routed to ``flash_mla_sparse_fwd`` for large extend forwards in versions that
+have the routing. Provides the ``rows`` quantity (counted by :mod:`validator.forward`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..batch import Batch, request_arrays, request_contexts
+from ..calls import DecodeCall, SparsePrefillCall
+from ..fields import min_max, positive_int
+from ..forward import draft_tokens, forward_rows
+from ..knowledge import load
+from ..names import ROUTABLE_MODES
+from ..plan import Plan, plan
+from ..ruleset import shape_rules
+from .base import BatchPlan, DerivedCall, Profile
+
+NAME = "sglang-dsv4"
+
+
+def _data() -> dict:
+    return load("engines")["profiles"][NAME]
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[i], starts[i] + counts[i])`` over i, without a Python loop."""
+    n = int(counts.sum()) if counts.shape[0] else 0
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.cumsum(counts) - counts          # position of each request's first row
+    return np.repeat(starts - first, counts) + np.arange(n, dtype=np.int64)
+
+
+def causal_lengths(batch: Batch, rows: int) -> np.ndarray:
+    """Per query row, the number of KV tokens it attends to (causal), in row order.
+
+    Request by request: a target-verify request has ``draft`` rows attending to ``context_len ..
+    context_len + draft - 1`` tokens; a decode entry one row attending to ``context_len``; an extend
+    request one row per new token, attending to ``prefix + 1 .. prefix + n``. Merged running decodes
+    follow; rows the engine pads with are 0.
+    """
+    mode = batch.forward_mode
+    if mode == "decode":                 # one row per entry: its context
+        arr = request_contexts(batch.requests)
+    elif mode == "target_verify":        # d rows per request: context .. context + d - 1
+        ctx = request_contexts(batch.requests)
+        arr = (ctx[:, None] + np.arange(draft_tokens(batch), dtype=np.int64)).reshape(-1)
+    else:
+        d = draft_tokens(batch)
+        ext, pre, ctx, is_dec = request_arrays(batch.requests)
+        n_ext = np.where(ext > 0, ext, d) if mode == "draft_extend" else ext
+        starts = np.where(is_dec, ctx, pre + 1)
+        counts = np.where(is_dec, 1, n_ext)
+        arr = _ranges(starts, counts)
+    if batch.mixed:
+        arr = np.concatenate([arr, np.array([r.context_len for r in batch.running], dtype=np.int64)])
+    if arr.shape[0] < rows:
+        arr = np.concatenate([arr, np.zeros(rows - arr.shape[0], dtype=np.int64)])
+    return arr
+
+
+def heads_per_rank(batch: Batch, defaults: dict) -> int:
+    """Query heads per attention rank: ``model.h_q``, or the model's heads over the attention TP
+    degree padded to 64, or the profile's default."""
+    m = batch.model
+    if "h_q" in m:
+        return positive_int(m["h_q"], "model.h_q")
+    if "num_attention_heads" in m:
+        n = positive_int(m["num_attention_heads"], "model.num_attention_heads")
+        tp = int(batch.arg("tp_size", 1) or 1)
+        dp = int(batch.arg("dp_size", 1) or 1) if batch.arg("enable_dp_attention", False) else 1
+        attn_tp = max(tp // dp, 1)
+        per = -(-n // attn_tp)
+        return -(-per // 64) * 64
+    return defaults["h_q"]
+
+
+# ----------------------------------------------------------------------------------- call shapes
+@lru_cache(maxsize=1024)
+def _shape_plan(gpu, kernel: str | None, h_q: int, d_qk: int, topk: int, extra_topk: int | None, page: int,
+                extra_page: int | None, label: str) -> Plan:
+    """The plan of a DeepSeek-V4 call shape, computed once per configuration.
+
+    ``plan`` picks the implementation and ``num_sm_parts`` from the call's shape (path, heads,
+    head dimension, s_q) and the GPU, never from ``b`` or the per-row lengths, so a step's calls
+    reuse these and only their rows change (see :func:`step_plan`).
+    """
+    return plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, extra_topk=extra_topk,
+                           page=page, extra_page=extra_page, label=label), gpu, kernel)
+
+
+@lru_cache(maxsize=1024)
+def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool) -> frozenset:
+    """Codes of the shape-only rules that find nothing for calls of ``shape`` with these length
+    arrays present: they find nothing for any ``b`` and any length values (see the registry), so
+    the calls derived every step skip them."""
+    one = np.zeros(1, dtype=np.int64)
+    p = step_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, quiet=frozenset())
+    return frozenset(r.code for r in shape_rules() if not r.func(p))
+
+
+def step_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
+              quiet: frozenset | None = None) -> Plan:
+    """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
+    the shape's work. ``ranges``: the exact ``(min, max)`` of the length arrays when known;
+    ``quiet``: the shape-only rules that are silent for this shape (None: look them up)."""
+    call = shape.call.with_rows(b, topk_length, extra_topk_length, ranges)
+    if quiet is None:
+        quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None)
+    return shape.for_call(call, memo, quiet)
+
+
+@dataclass(frozen=True)
+class Dsv4Setup:
+    """What a DeepSeek-V4 forward's calls depend on besides the step: the per-ratio call shapes
+    (planned once, with their silent shape-only rules), the scheduler's row limit and the routing
+    threshold."""
+
+    h_q: int
+    threshold: int | None
+    max_rows: int
+    # per compression ratio: (name, ratio, extra_topk or None, shape plan, silent shape-only rules
+    # with per-row lengths, and without)
+    calls: tuple
+    # the same calls as sparse-prefill plans, for forwards routed to flash_mla_sparse_fwd: (name, topk)
+    prefill_topk: tuple
+    draft_tokens: int
+    version: str
+
+
+@lru_cache(maxsize=256)
+def _setup(gpu, kernel: str | None, h_q: int, context_length: int, threshold: int | None, draft: int,
+           version: str) -> Dsv4Setup:
+    prof = _data()
+    dflt = prof["defaults"]
+    d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
+    probe = _shape_plan(gpu, kernel, h_q, d_qk, topk, None, dflt["page"], None, "")
+    c128_width = -(-(-(-context_length // 128)) // 64) * 64
+    calls, prefill = [], []
+    for spec in prof["calls"]:
+        r = spec["ratio"]
+        extra_topk = extra_page = None
+        if r == 4:
+            extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
+        elif r == 128:
+            extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
+        shape = _shape_plan(gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
+        calls.append((spec["name"], r, extra_topk, shape, _shape_quiet(shape, True, extra_topk is not None),
+                      _shape_quiet(shape, False, False)))
+        prefill.append((spec["name"], topk + (extra_topk or 0)))
+    return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version)
+
+
+def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool) -> str:
+    if routed:
+        return f"extend forward with {rows} rows > threshold {threshold}: sent to flash_mla_sparse_fwd"
+    if threshold is None:
+        return "this version sends every forward to flash_mla_with_kvcache (no sparse-prefill routing)"
+    if mode not in ROUTABLE_MODES:
+        return f"{mode} forwards are never routed: they go to flash_mla_with_kvcache"
+    return f"{rows} rows <= threshold {threshold}: sent to flash_mla_with_kvcache"
+
+
+def routing_release() -> tuple[str, int] | None:
+    """The first version of this profile with sparse-prefill routing and its threshold (data)."""
+    for v in _data()["versions"]:
+        if v.get("sparse_prefill_threshold") is not None:
+            return v.get("min_release") or v["name"], v["sparse_prefill_threshold"]
+    return None
+
+
+class Dsv4Profile(Profile):
+    name = NAME
+    provides = frozenset({"rows"})
+    # per-row lengths are min(causal length, width) of non-negative causal lengths
+    guarantees = frozenset({"lengths"})
+
+    def setup(self, batch: Batch, version: dict, kernel: str | None) -> Dsv4Setup:
+        dflt = _data()["defaults"]
+        ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
+        return _setup(batch.gpu, kernel, heads_per_rank(batch, dflt), ctx, version.get("sparse_prefill_threshold"),
+                      draft_tokens(batch), version["name"])
+
+    def derive(self, batch: Batch, version: dict, setup: Dsv4Setup, bp: BatchPlan, kernel: str | None,
+               memo=None) -> None:
+        """The step's FlashMLA calls: query rows, routing, per-row lengths and one plan per ratio."""
+        dflt = _data()["defaults"]
+        rows, bd = forward_rows(batch)
+        threshold = setup.threshold
+        mode = batch.forward_mode
+        routed = mode in ROUTABLE_MODES and threshold is not None and rows > threshold
+        bp.rows, bp.row_breakdown, bp.max_decode_rows = rows, bd, setup.max_rows
+        bp.routing = {"threshold": threshold, "routed": routed,
+                      "reason": _routing_reason(mode, rows, threshold, routed), "version": version["name"]}
+        if routed:
+            for name, topk in setup.prefill_topk:
+                call = SparsePrefillCall(s_q=rows, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
+                bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, kernel), "sparse_prefill"))
+            return
+        b = max(rows, 1)
+        if not 0 < rows <= setup.max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
+            for name, r, extra_topk, shape, _, quiet in setup.calls:
+                p = step_plan(shape, b, None, None, memo, None, quiet)
+                bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+            return
+        lengths = causal_lengths(batch, rows)
+        topk = dflt["swa_topk"]
+        topk_length = np.minimum(lengths, topk)
+        # every length array below is a non-decreasing function of the row's causal length, so its exact
+        # range follows from the causal lengths' range
+        lo, hi = min_max(lengths)
+        tl_range = (min(lo, topk), min(hi, topk))
+        for name, r, extra_topk, shape, quiet, _ in setup.calls:
+            if extra_topk is None:
+                extra_len, ranges = None, {"topk_length": tl_range}
+            else:
+                extra_len = np.minimum(lengths // r, extra_topk)
+                ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
+            p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet)
+            bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+
+    def bound_hints(self, setup: Dsv4Setup, bp: BatchPlan) -> dict:
+        return {"max_rows": setup.max_rows, "threshold": setup.threshold}
+
+    def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
+        if bp.rows is None or bounds.max_rows is None:
+            return []
+        L = bounds.max_rows
+        mode = batch.forward_mode
+        out: list[dict] = []
+        if mode in ROUTABLE_MODES:
+            if batch.arg("enable_mixed_chunk", False) or mode == "mixed":
+                R = int(batch.arg("max_running_requests") or len(batch.running) or 0)
+                out.append({"flag": "--chunked-prefill-size", "value": L - R,
+                            "why": f"with mixed chunking up to {R} running decodes join each prefill: {L} - {R}"})
+            else:
+                out.append({"flag": "--chunked-prefill-size", "value": L,
+                            "why": f"bounds the query rows of every extend forward to the decode kernel's {L}"})
+            out.append({"flag": "--max-prefill-tokens", "value": L, "why": "keeps a prefill batch's new tokens within the limit"})
+            thr = bp.routing.get("threshold")
+            if thr is not None:
+                out.append({"flag": "(engine)", "value": f"route at > {L} rows instead of > {thr}",
+                            "why": f"the routing threshold {thr} is above the decode kernel's real limit {L}"})
+            else:
+                rel = routing_release()
+                if rel is not None:
+                    out.append({"flag": "(upgrade)", "value": f"SGLang {rel[0]} or later (sparse-prefill routing)",
+                                "why": f"routes extend forwards above {rel[1]} rows to flash_mla_sparse_fwd; "
+                                       f"{L + 1}..{rel[1]} still crash"})
+        elif mode == "target_verify":
+            d = draft_tokens(batch) or 1
+            out.append({"flag": "--max-running-requests", "value": L // d,
+                        "why": f"a verify forward has batch size x {d} draft tokens rows"})
+        else:
+            out.append({"flag": "--max-running-requests", "value": L, "why": "a decode forward has one row per request"})
+        return out
+
+    def context(self, bp: BatchPlan) -> dict:
+        if bp.rows is None:
+            return {}
+        return {"query_rows": bp.rows, "row_breakdown": bp.row_breakdown, "max_decode_kernel_rows": bp.max_decode_rows,
+                "routing": bp.routing, "kernel_calls": [c.summary() for c in bp.calls]}
+
+    def summary_lines(self, bp: BatchPlan) -> list[str]:
+        if bp.rows is None:
+            return []
+        parts = " + ".join(f"{v} {k.replace('_', ' ')}" for k, v in bp.row_breakdown.items() if v)
+        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); decode-kernel limit {bp.max_decode_rows} rows",
+                 f"  routing: {bp.routing['reason']}"]
+        for c in bp.calls:
+            extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""
+            lines.append(f"    {c.name}: {c.kernel} {c.call.summary()}{extra}")
+        return lines
+
+
+PROFILE = Dsv4Profile()

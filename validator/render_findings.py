@@ -1,0 +1,19 @@
+"""The findings of a report, for people (rich)."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+
+def render_findings(findings, console: Console, indent: str = "  ") -> None:
+    for f in findings:
+        color = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
+        console.print(f"{indent}[bold {color}]{f.code}[/] {escape(f.message)}", markup=True)
+        if f.subject:
+            console.print(f"{indent}    on:    {f.subject}")
+        if f.fix:
+            console.print(f"{indent}    fix:   {f.fix}")
+        if f.is_error and f.failure:
+            console.print(f"{indent}    crash: {f.failure}")
+        if f.source:
+            console.print(f"{indent}    source: {f.source}", style="dim")

@@ -1,0 +1,13 @@
+"""The project's rules, registered: the registry with every rule module imported.
+
+Code that runs or lists rules imports them from here (the rule modules import the registry, this
+module imports them, so nothing runs in a circle).
+"""
+from __future__ import annotations
+
+from . import rules_engine, rules_fmla  # noqa: F401  (registration)
+from .registry import (QUANTITIES, REGISTRY, Rule, all_rules, generation, get_rule, rule, rules_for, run_rules,
+                       shape_rules, unregister)
+
+__all__ = ["QUANTITIES", "REGISTRY", "Rule", "all_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
+           "shape_rules", "unregister"]
