@@ -65,8 +65,9 @@ class StepBounds:
 
     @property
     def sure_rows(self) -> int:
-        """1..sure_rows query rows are legal in any mode, given slots within range."""
-        if not self.decode_ok:
+        """1..sure_rows query rows are legal in any mode, given slots within range (0 when a rule
+        needs the full check)."""
+        if not self.decode_ok or self.undecided:
             return 0
         if not self.has_rows:
             return MAX_ROWS

@@ -39,6 +39,7 @@ from .headroom import Headroom, headroom
 from .names import BATCH_SETTINGS, normalize_setting, parse_mode
 from .pipeline import check_engine_batch
 from .report import Report
+from .ruleset import STATE as RULES
 from .schedule import WalkMemo
 
 class Verdict:
@@ -178,6 +179,7 @@ class Checker:
         self.table_rows: int | None = slots.table_rows if slots is not None else None
         self.buffer_rows: dict = {buf.name: buf.rows for buf in slots.buffers} if slots is not None else {}
         self._sure_rows = b.sure_rows
+        self._rules_generation = b.rules_generation
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -388,7 +390,8 @@ class Checker:
                 self._rids(rids, n)
             except InputError:
                 return False
-        if 0 < rows <= self._sure_rows and (top is None or self.max_slot is None or top <= self.max_slot):
+        if (0 < rows <= self._sure_rows and (top is None or self.max_slot is None or top <= self.max_slot)
+                and RULES.generation == self._rules_generation):
             return True
         return self._decide(mode, rows, top) is True
 

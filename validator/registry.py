@@ -66,12 +66,22 @@ class Rule:
 
 
 REGISTRY: dict[str, Rule] = {}
-_generation = [0]   # bumped whenever the registry changes: derived selections and bounds are rebuilt
+class RegistryState:
+    """``generation`` changes whenever a rule is registered or removed: selections of rules and
+    bounds derived from them record it and are rebuilt (or bypassed) when it moves."""
+
+    __slots__ = ("generation",)
+
+    def __init__(self):
+        self.generation = 0
+
+
+STATE = RegistryState()
 
 
 def generation() -> int:
     """A number that changes whenever a rule is registered or removed."""
-    return _generation[0]
+    return STATE.generation
 
 
 def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None):
@@ -97,7 +107,7 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
         r = Rule(code, scope, func, meta["title"], meta["severity"], meta.get("failure", ""),
                  meta.get("source", ""), meta.get("family", code[:-3]), shape_only, reads, safe_rows)
         REGISTRY[code] = r
-        _generation[0] += 1
+        STATE.generation += 1
         func.rule = r
         return func
 
@@ -107,7 +117,7 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
 def unregister(code: str) -> None:
     """Remove a rule (for rules registered at run time, e.g. by a test or a plugin)."""
     if REGISTRY.pop(code, None) is not None:
-        _generation[0] += 1
+        STATE.generation += 1
 
 
 def all_rules() -> list[Rule]:
@@ -126,7 +136,7 @@ def _scope_rules(scope: str, gen: int) -> tuple[Rule, ...]:
 
 def rules_for(scope: str) -> tuple[Rule, ...]:
     """The rules of one scope, in code order (selected once, not on every call)."""
-    return _scope_rules(scope, _generation[0])
+    return _scope_rules(scope, STATE.generation)
 
 
 def shape_rules() -> tuple[Rule, ...]:
@@ -143,7 +153,7 @@ def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Findin
     """Every rule of ``scope`` over ``subject`` (``only``: just these codes)."""
     out: list[Finding] = []
     skip = getattr(subject, "quiet_rules", None)
-    rules = _active_rules(scope, _generation[0], skip or frozenset(), only) if (skip or only is not None) \
+    rules = _active_rules(scope, STATE.generation, skip or frozenset(), only) if (skip or only is not None) \
         else rules_for(scope)
     for r in rules:
         res: Iterable[Finding] | None = r.func(subject)

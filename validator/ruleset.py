@@ -6,8 +6,8 @@ module imports them, so nothing runs in a circle).
 from __future__ import annotations
 
 from . import rules_engine, rules_fmla  # noqa: F401  (registration)
-from .registry import (QUANTITIES, REGISTRY, Rule, all_rules, generation, get_rule, rule, rules_for, run_rules,
+from .registry import (QUANTITIES, REGISTRY, STATE, Rule, all_rules, generation, get_rule, rule, rules_for, run_rules,
                        shape_rules, unregister)
 
-__all__ = ["QUANTITIES", "REGISTRY", "Rule", "all_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
+__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
            "shape_rules", "unregister"]
