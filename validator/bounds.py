@@ -20,6 +20,7 @@ from .calls import MAX_ROWS
 from .evaluate import EngineSetup, evaluate
 from .names import ROUTABLE_MODES
 from .ruleset import all_rules, generation
+from .search import largest_legal
 
 #: quantities a bound (or the configuration probe) always covers; ``lengths`` is covered when
 #: every profile of the batch guarantees it
@@ -112,34 +113,10 @@ def _codes(pred) -> frozenset:
 
 
 def _edge(legal, hint: int, lo: int, cap: int) -> int:
-    """The largest ``x`` in ``lo..cap`` with ``legal(x)``, legal values forming ``lo..edge``; checked
-    at ``hint`` and ``hint + 1`` first (two checks when the hint is right), searched otherwise.
-    ``lo - 1`` when nothing is legal."""
-    if hint < cap and legal(hint) and not legal(hint + 1):
-        return hint
-    if not legal(lo):
-        return lo - 1
-    good, bad = lo, None
-    if legal(min(hint, cap)):
-        good = min(hint, cap)
-        step = max(good, 1)
-        while bad is None:
-            nxt = min(good + step, cap)
-            if nxt == good:
-                return good
-            if legal(nxt):
-                good, step = nxt, step * 2
-            else:
-                bad = nxt
-    else:
-        bad = hint
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if legal(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    """The largest ``x`` in ``lo..cap`` with ``legal(x)`` (``lo - 1`` when none is), the profile's
+    hint asked first."""
+    good, _ = largest_legal(legal, lo, hint, cap, exact_hint=True)
+    return lo - 1 if good is None else good
 
 
 def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -> StepBounds:

@@ -15,6 +15,7 @@ from .calls import MAX_ROWS
 from .errors import InputError
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, column, count, int_arg, total
 from .names import ROUTABLE_MODES, parse_mode
+from .search import largest_legal
 
 
 @dataclass(frozen=True)
@@ -173,17 +174,7 @@ def _by_full_checks(checker, mode, rows, per, n, ext, seq, pre, slots, pad, merg
     cap = (b.max_rows if b.max_rows is not None else MAX_ROWS) - rows
     more = 0
     if legal_now and cap > 0:
-        lo, hi = 0, cap + 1                      # legal(lo), not legal(hi) (or hi past the cap)
-        if legal(cap):
-            lo = cap
-        else:
-            while hi - lo > 1:
-                mid = (lo + hi) // 2
-                if legal(mid):
-                    lo = mid
-                else:
-                    hi = mid
-        more = lo
+        more = largest_legal(legal, 0, cap, cap)[0] or 0
     thr = b.threshold if mode in ROUTABLE_MODES else None
     to_route = gap = None
     if thr is not None and rows <= thr and legal(thr + 1 - rows):

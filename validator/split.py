@@ -17,6 +17,7 @@ from .bounds import RowRule
 from .forward import request_rows
 from .names import ROUTABLE_MODES
 from .ruleset import get_rule
+from .search import largest_legal
 
 
 @dataclass
@@ -218,19 +219,9 @@ def _min_greedy(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[int, i
     long steps whose legality only the full check can tell (not always the fewest)."""
     segs, i = [], 0
     while i < n:
-        if not seg_ok(i, i + 1):
+        good, _ = largest_legal(lambda j: seg_ok(i, j), i + 1, n, n)
+        if good is None:
             return None
-        good, bad = i + 1, n + 1
-        if seg_ok(i, n):
-            good = n
-        else:
-            bad = n
-            while bad - good > 1:
-                mid = (good + bad) // 2
-                if seg_ok(i, mid):
-                    good = mid
-                else:
-                    bad = mid
         segs.append((i, good))
         i = good
     return segs
