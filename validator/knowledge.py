@@ -122,8 +122,36 @@ def _parse_int(v: str, field: str) -> int:
 
 @lru_cache(maxsize=None)
 def generation(name: str | None = None) -> dict:
+    """One FlashMLA generation of ``rules/flashmla.json``: its ``shared`` facts, then its own keys
+    (which replace shared ones of the same name). ``kv_layouts`` is keyed by ``d_qk`` as an int."""
     data = load("flashmla")
     key = name or data["default"]
     if key not in data["generations"]:
         raise InputError("kernel", f"unknown FlashMLA generation {key!r}; known: {', '.join(data['generations'])}")
-    return {"name": key, **data["generations"][key]}
+    shared = {k: v for k, v in data.get("shared", {}).items() if not k.startswith("_")}
+    gen = {"name": key, **shared, **data["generations"][key]}
+    if "kv_layouts" in gen:
+        gen["kv_layouts"] = {int(d): rec for d, rec in gen["kv_layouts"].items()}
+    return gen
+
+
+def path_archs(gen: Mapping[str, Any], path: str) -> frozenset:
+    """Compute-capability majors with at least one implementation of ``path`` in ``gen``."""
+    return frozenset(row["arch"] for row in gen["implementations"] if row["path"] == path)
+
+
+@lru_cache(maxsize=None)
+def decode_archs() -> tuple[int, ...]:
+    """Compute-capability majors with a decode implementation in any generation, ascending."""
+    data = load("flashmla")
+    return tuple(sorted({row["arch"] for g in data["generations"] for row in data["generations"][g]["implementations"]}))
+
+
+def sm_name(arch: int) -> str:
+    """``SM90`` for compute-capability major 9 (the minor version written as 0)."""
+    return f"SM{arch}0"
+
+
+def sm_list(archs) -> str:
+    """``SM90 or SM100``: the architectures in ascending order."""
+    return " or ".join(sm_name(a) for a in sorted(archs))

@@ -66,6 +66,7 @@ class Implementation:
     parts: str
     fixed_overhead: int
     source: str
+    extra_topk_block: bool = False   # extra_topk must also be a multiple of the generation's topk_block
 
     @property
     def parts_formula(self) -> str:
@@ -81,7 +82,8 @@ def select_implementation(call: DecodeCall, gpu: GPU, gen: dict) -> Implementati
             continue
         if "d_qk" in row and row["d_qk"] != call.d_qk:
             continue
-        return Implementation(row["name"], row["path"], row["arch"], row["parts"], row["fixed_overhead"], row["source"])
+        return Implementation(row["name"], row["path"], row["arch"], row["parts"], row["fixed_overhead"], row["source"],
+                              row.get("extra_topk_block", False))
     return None
 
 
@@ -90,15 +92,15 @@ def _nonzero(x: int) -> int:
     return 1 if x == 0 else x
 
 
-def _round64(x: int) -> int:
-    return -(-x // 64) * 64
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
 
 
 def effective_lengths(call: DecodeCall, gen: dict) -> tuple[np.ndarray | None, int | None]:
     """Per-request key lengths the scheduler sees: ``(array, None)`` or ``(None, uniform_value)``.
 
-    Sparse calls: ``topk_length`` (0 counts as 1; ``topk`` when absent), rounded up to 64 when
-    there is an extra cache, plus ``extra_topk_length`` (``extra_topk`` when absent). Every step is
+    Sparse calls: ``topk_length`` (0 counts as 1; ``topk`` when absent), rounded up to the
+    generation's ``extra_length_round`` (64) when there is an extra cache, plus ``extra_topk_length`` (``extra_topk`` when absent). Every step is
     non-decreasing in each length, so a length array whose range (:attr:`DecodeCall.length_ranges`)
     maps to one value acts as that scalar, and an array plus a scalar is uniform exactly when its
     range says so; only the sum of two varying arrays is compared element-wise.
@@ -128,14 +130,15 @@ def effective_lengths(call: DecodeCall, gen: dict) -> tuple[np.ndarray | None, i
         else:
             base = np.where(tl == 0, 1, tl)
     if call.extra_topk is not None:
+        m = gen["extra_length_round"]
         if base is None:
-            base_u = _round64(base_u)
+            base_u = _round_up(base_u, m)
         else:
-            lo, hi = _round64(lo), _round64(hi)
+            lo, hi = _round_up(lo, m), _round_up(hi, m)
             if lo == hi:
                 base, base_u = None, lo
             else:
-                base = (base + 63) // 64 * 64
+                base = (base + (m - 1)) // m * m
         if el is None:
             if base is None:
                 return None, base_u + call.extra_topk
@@ -257,8 +260,8 @@ class Plan:
         if rows is None:
             return None
         c = self.call
-        d_v = self.gen["oaccum"]["d_v"]
-        return rows * c.s_q * c.h_q * 4 * (1 + d_v)
+        acc = self.gen["oaccum"]
+        return rows * c.s_q * c.h_q * acc["accum_bytes"] * (1 + acc["d_v"])
 
     def for_call(self, call: DecodeCall, memo: WalkMemo | None, quiet_rules: frozenset) -> "Plan":
         """This plan for another call of the same shape (``call.with_rows``): the same GPU,

@@ -2,14 +2,30 @@
 from __future__ import annotations
 
 from .calls import DecodeCall, SparsePrefillCall
+from .knowledge import path_archs, sm_list, sm_name
 from .plan import Plan
 from .registry import rule
 
-INT32_MAX = 2**31 - 1
+
+def _int_max(bits: int) -> int:
+    """Largest value of a signed ``bits``-bit integer."""
+    return (1 << (bits - 1)) - 1
+
+
+def _or(values) -> str:
+    return " or ".join(str(v) for v in values)
 
 
 def _subject(p: Plan) -> str:
     return p.call.label or p.call.summary()
+
+
+def _smem_formula(sm: dict) -> str:
+    """The scheduler's shared-memory formula in the form the facts write it (``4*(5b+1)``)."""
+    base, per = sm["base_bytes"], sm["bytes_per_row"]
+    if base and per % base == 0:
+        return f"{base}*({per // base}b+1)"
+    return f"{per}b+{base}"
 
 
 def _fmt_bytes(n: int) -> str:
@@ -58,7 +74,7 @@ def sched_smem(p: Plan):
     steps = -(-c.b // max_b)
     return [sched_smem.rule.finding(
         f"query rows {c.b} exceed the scheduler's limit {max_b} "
-        f"(expected 4*(5b+1) <= {limit} B shared memory on {p.gpu.name}, got {need} B)",
+        f"(expected {_smem_formula(p.gen['sched_smem'])} <= {limit} B shared memory on {p.gpu.name}, got {need} B)",
         subject=_subject(p),
         numbers={"b": c.b, "max_b": max_b, "smem_bytes": need, "smem_limit": limit},
         fix=f"split into at least {steps} calls of <= {max_b} rows each",
@@ -108,15 +124,17 @@ def oaccum_offset(p: Plan):
     if sch is None or sch.last_split_request < 0:
         return None
     c = p.call
-    stride = c.s_q * c.h_q * p.gen["oaccum"]["d_v"]
+    acc = p.gen["oaccum"]
+    stride = c.s_q * c.h_q * acc["d_v"]
     row = sch.max_split_row
-    if row * stride <= INT32_MAX:
+    limit = _int_max(acc["offset_bits"])
+    if row * stride <= limit:
         return None
-    max_row = INT32_MAX // stride
+    max_row = limit // stride
     req = sch.last_split_request
     return [oaccum_offset.rule.finding(
-        f"request {req} is split and its last partial-result row is {row}; expected row * s_q*h_q*512 "
-        f"< 2^31 (row <= {max_row} at s_q={c.s_q}, h_q={c.h_q}), got {row} * {stride} = {row * stride}",
+        f"request {req} is split and its last partial-result row is {row}; expected row * s_q*h_q*{acc['d_v']} "
+        f"< 2^{acc['offset_bits'] - 1} (row <= {max_row} at s_q={c.s_q}, h_q={c.h_q}), got {row} * {stride} = {row * stride}",
         subject=_subject(p),
         numbers={"request": req, "row": row, "max_row": max_row, "row_stride": stride, "offset": row * stride},
         fix="run fewer query rows per call so split requests stay below that row (split the batch)",
@@ -196,17 +214,18 @@ def topk_alignment(p: Plan):
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
     out = []
-    if c.topk % 64:
+    blk = p.gen["topk_block"]
+    if c.topk % blk:
         out.append(topk_alignment.rule.finding(
-            f"topk expected a multiple of 64, got {c.topk}", subject=_subject(p),
-            numbers={"field": "topk", "value": c.topk, "multiple": 64},
-            fix=f"pad indices to topk={-(-c.topk // 64) * 64} and pass topk_length"))
+            f"topk expected a multiple of {blk}, got {c.topk}", subject=_subject(p),
+            numbers={"field": "topk", "value": c.topk, "multiple": blk},
+            fix=f"pad indices to topk={-(-c.topk // blk) * blk} and pass topk_length"))
     impl = p.implementation
-    if c.extra_topk is not None and c.extra_topk % 64 and impl is not None and impl.name == "sparse-sm100-head64":
+    if c.extra_topk is not None and c.extra_topk % blk and impl is not None and impl.extra_topk_block:
         out.append(topk_alignment.rule.finding(
-            f"extra_topk expected a multiple of 64 on {impl.name}, got {c.extra_topk}", subject=_subject(p),
-            numbers={"field": "extra_topk", "value": c.extra_topk, "multiple": 64},
-            fix=f"pad extra indices to {-(-c.extra_topk // 64) * 64}"))
+            f"extra_topk expected a multiple of {blk} on {impl.name}, got {c.extra_topk}", subject=_subject(p),
+            numbers={"field": "extra_topk", "value": c.extra_topk, "multiple": blk},
+            fix=f"pad extra indices to {-(-c.extra_topk // blk) * blk}"))
     return out
 
 
@@ -236,26 +255,32 @@ def sparse_heads(p: Plan):
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
     out = []
-    if c.h_q not in (64, 128):
+    shapes = p.gen["sparse_shapes"]
+    fails = shapes.get("failures", {})
+    heads = shapes["h_q"]
+    if c.h_q not in heads:
+        pad = next((h for h in sorted(heads) if h > c.h_q), max(heads))
         out.append(sparse_heads.rule.finding(
-            f"h_q expected 64 or 128, got {c.h_q}", subject=_subject(p),
-            numbers={"field": "h_q", "value": c.h_q, "allowed": [64, 128]},
-            fix=f"pad heads to {64 if c.h_q < 64 else 128}", failure="process_crash: SIGSEGV, no message"))
-    if c.h_k != 1:
+            f"h_q expected {_or(heads)}, got {c.h_q}", subject=_subject(p),
+            numbers={"field": "h_q", "value": c.h_q, "allowed": list(heads)},
+            fix=f"pad heads to {pad}", failure=fails.get("h_q")))
+    if c.h_k not in shapes["h_k"]:
         out.append(sparse_heads.rule.finding(
-            f"h_k expected 1, got {c.h_k}", subject=_subject(p),
-            numbers={"field": "h_k", "value": c.h_k, "allowed": [1]}, fix="MLA sparse decode uses one KV head"))
-    if c.d_qk not in (512, 576):
+            f"h_k expected {_or(shapes['h_k'])}, got {c.h_k}", subject=_subject(p),
+            numbers={"field": "h_k", "value": c.h_k, "allowed": list(shapes["h_k"])},
+            fix="MLA sparse decode uses one KV head", failure=fails.get("h_k")))
+    layouts = p.gen["kv_layouts"]
+    if c.d_qk not in layouts:
+        names = " or ".join(f"{rec['name']} ({d})" for d, rec in layouts.items())
         out.append(sparse_heads.rule.finding(
-            f"d_qk expected 512 or 576, got {c.d_qk}", subject=_subject(p),
-            numbers={"field": "d_qk", "value": c.d_qk, "allowed": [512, 576]},
-            fix="use the MODEL1 (512) or V3.2 (576) KV layout",
-            failure="python_exception: 'Only head_size_k == 576 or 512 is supported for sparse decoding'"))
-    if c.d_v != 512:
+            f"d_qk expected {_or(layouts)}, got {c.d_qk}", subject=_subject(p),
+            numbers={"field": "d_qk", "value": c.d_qk, "allowed": list(layouts)},
+            fix=f"use the {names} KV layout", failure=fails.get("d_qk")))
+    if c.d_v not in shapes["d_v"]:
         out.append(sparse_heads.rule.finding(
-            f"d_v expected 512, got {c.d_v}", subject=_subject(p),
-            numbers={"field": "d_v", "value": c.d_v, "allowed": [512]}, fix="head_dim_v must be 512",
-            failure="python_exception"))
+            f"d_v expected {_or(shapes['d_v'])}, got {c.d_v}", subject=_subject(p),
+            numbers={"field": "d_v", "value": c.d_v, "allowed": list(shapes["d_v"])},
+            fix=f"head_dim_v must be {_or(shapes['d_v'])}", failure=fails.get("d_v")))
     return out
 
 
@@ -281,17 +306,24 @@ def v32_layout(p: Plan):
     FlashMLA 9241ae3 ``splitkv_mla.cuh:700-701``; measured on an H200.
     """
     c = p.call
-    if not isinstance(c, DecodeCall) or c.kind != "sparse" or c.d_qk != 576 or p.gpu.arch != 9:
+    if not isinstance(c, DecodeCall) or c.kind != "sparse":
+        return None
+    layouts = p.gen["kv_layouts"]
+    lay, arch = layouts.get(c.d_qk), p.gpu.arch
+    if lay is None:
         return None
     out = []
-    if c.topk_length is not None:
-        out.append(v32_layout.rule.finding("d_qk=576 (V3.2 layout) expected no topk_length on SM90, got one",
-                                           subject=_subject(p), numbers={"field": "topk_length", "d_qk": 576},
-                                           fix="use d_qk=512 (MODEL1 layout) or drop topk_length"))
-    if c.extra_topk is not None:
-        out.append(v32_layout.rule.finding(f"d_qk=576 (V3.2 layout) expected no extra KV cache on SM90, got extra_topk={c.extra_topk}",
-                                           subject=_subject(p), numbers={"field": "extra_topk", "d_qk": 576},
-                                           fix="use d_qk=512 (MODEL1 layout) or drop the extra cache"))
+    for field, key, what, drop in (("topk_length", "no_topk_length_archs", "no topk_length", "topk_length"),
+                                   ("extra_topk", "no_extra_cache_archs", "no extra KV cache", "the extra cache")):
+        value = getattr(c, field)
+        if value is None or arch not in lay.get(key, ()):
+            continue
+        got = "one" if field == "topk_length" else f"extra_topk={value}"
+        alt = " or ".join(f"d_qk={d} ({rec['name']} layout)" for d, rec in layouts.items() if arch not in rec.get(key, ()))
+        out.append(v32_layout.rule.finding(
+            f"d_qk={c.d_qk} ({lay['name']} layout) expected {what} on {sm_name(arch)}, got {got}",
+            subject=_subject(p), numbers={"field": field, "d_qk": c.d_qk},
+            fix=f"use {alt} or drop {drop}" if alt else f"drop {drop}"))
     return out
 
 
@@ -320,23 +352,26 @@ def kv_layout(p: Plan):
     c = p.call
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
-    want = {576: 656, 512: 584}.get(c.d_qk)
+    lay = p.gen["kv_layouts"].get(c.d_qk)
+    want = lay["bytes_per_token"] if lay else None
     out = []
     if c.bytes_per_token is not None and want is not None and c.bytes_per_token != want:
         out.append(kv_layout.rule.finding(
             f"bytes_per_token expected {want} for d_qk={c.d_qk}, got {c.bytes_per_token}", subject=_subject(p),
             numbers={"field": "bytes_per_token", "expected": want, "got": c.bytes_per_token},
             fix="allocate the KV cache in the layout of this d_qk"))
-    if p.gpu.arch == 10 and c.kv_stride is not None:
-        mult = {512: 576, 576: 656}.get(c.d_qk)
+    checks, arch = p.gen["kv_checks"], p.gpu.arch
+    if arch in checks["block_stride_archs"] and c.kv_stride is not None:
+        mult = lay["block_stride_multiple"] if lay else None
         if mult and c.kv_stride % mult:
             out.append(kv_layout.rule.finding(
-                f"kv_stride expected a multiple of {mult} on SM100, got {c.kv_stride}", subject=_subject(p),
+                f"kv_stride expected a multiple of {mult} on {sm_name(arch)}, got {c.kv_stride}", subject=_subject(p),
                 numbers={"field": "kv_stride", "multiple": mult, "got": c.kv_stride}, fix="pad each page"))
-    if p.gpu.arch == 10 and c.kv_base_align is not None and c.kv_base_align % 16:
+    align = checks["base_align"]
+    if arch in checks["base_align_archs"] and c.kv_base_align is not None and c.kv_base_align % align:
         out.append(kv_layout.rule.finding(
-            f"kv base alignment expected 16 bytes on SM100, got {c.kv_base_align}", subject=_subject(p),
-            numbers={"field": "kv_base_align", "expected": 16, "got": c.kv_base_align}, fix="align the pool"))
+            f"kv base alignment expected {align} bytes on {sm_name(arch)}, got {c.kv_base_align}", subject=_subject(p),
+            numbers={"field": "kv_base_align", "expected": align, "got": c.kv_base_align}, fix="align the pool"))
     return out
 
 
@@ -394,22 +429,25 @@ def int32_strides(p: Plan):
     c = p.call
     if not isinstance(c, DecodeCall):
         return None
+    d_v = p.gen["oaccum"]["d_v"]
     strides = {
         "q.stride(0) = s_q*h_q*d_qk": c.s_q * c.h_q * c.d_qk,
-        "o_accum.stride(0) = s_q*h_q*512": c.s_q * c.h_q * p.gen["oaccum"]["d_v"],
+        f"o_accum.stride(0) = s_q*h_q*{d_v}": c.s_q * c.h_q * d_v,
     }
     if c.kind == "sparse":
         strides["indices.stride(0) = s_q*topk"] = c.s_q * c.topk
         if c.extra_topk is not None:
             strides["extra_indices.stride(0) = s_q*extra_topk"] = c.s_q * c.extra_topk
-        bpt = c.bytes_per_token or {576: 656, 512: 584}.get(c.d_qk, c.d_qk)
+        lay = p.gen["kv_layouts"].get(c.d_qk)
+        bpt = c.bytes_per_token or (lay["bytes_per_token"] if lay else c.d_qk)
         strides["kv.stride(0) = page*bytes_per_token"] = c.page * bpt
     out = []
+    limit = _int_max(p.gen["param_int_bits"])
     for name, v in strides.items():
-        if v > INT32_MAX:
+        if v > limit:
             out.append(int32_strides.rule.finding(
-                f"{name} expected <= {INT32_MAX}, got {v}", subject=_subject(p),
-                numbers={"stride": name, "value": v, "max": INT32_MAX}, fix="fewer query tokens or heads per call"))
+                f"{name} expected <= {limit}, got {v}", subject=_subject(p),
+                numbers={"stride": name, "value": v, "max": limit}, fix="fewer query tokens or heads per call"))
     return out
 
 
@@ -475,14 +513,17 @@ def dense_envelope(p: Plan):
     if not isinstance(c, DecodeCall) or c.kind != "dense":
         return None
     out = []
-    if p.gpu.arch != 9:
+    archs = path_archs(p.gen, "dense")
+    if p.gpu.arch not in archs:
         out.append(dense_envelope.rule.finding(
-            f"dense decode expected an SM90 GPU, got {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]})", subject=_subject(p),
+            f"dense decode expected an {sm_list(archs)} GPU, got {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]})", subject=_subject(p),
             numbers={"cc": list(p.gpu.cc)}, fix="use the sparse decode path on this GPU"))
-    if c.page != 64:
+    page = p.gen["dense"]["page_size"]
+    if c.page != page:
         out.append(dense_envelope.rule.finding(
-            f"dense page block size expected 64, got {c.page}", subject=_subject(p),
-            numbers={"field": "page", "expected": 64, "got": c.page}, fix="allocate the paged KV cache with 64-token pages"))
+            f"dense page block size expected {page}, got {c.page}", subject=_subject(p),
+            numbers={"field": "page", "expected": page, "got": c.page},
+            fix=f"allocate the paged KV cache with {page}-token pages"))
     return out
 
 
@@ -509,14 +550,15 @@ def sparse_requirements(p: Plan):
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
     out = []
-    if not c.is_fp8:
-        out.append(sparse_requirements.rule.finding("is_fp8 expected true for sparse decode, got false",
-                                                    subject=_subject(p), numbers={"field": "is_fp8"},
-                                                    fix="use the fp8 KV cache layout"))
-    if c.causal:
-        out.append(sparse_requirements.rule.finding("causal expected false for sparse decode, got true",
-                                                    subject=_subject(p), numbers={"field": "causal"},
-                                                    fix="pass causal=False; indices define what is attended"))
+    need = p.gen["sparse_requires"]
+    fixes = {("is_fp8", True): "use the fp8 KV cache layout", ("is_fp8", False): "use a non-fp8 KV cache",
+             ("causal", False): "pass causal=False; indices define what is attended", ("causal", True): "pass causal=True"}
+    for field in ("is_fp8", "causal"):
+        want, got = need[field], getattr(c, field)
+        if got != want:
+            out.append(sparse_requirements.rule.finding(
+                f"{field} expected {str(want).lower()} for sparse decode, got {str(got).lower()}",
+                subject=_subject(p), numbers={"field": field}, fix=fixes[field, want]))
     return out
 
 
@@ -543,14 +585,17 @@ def implementation_exists(p: Plan):
     c = p.call
     if not isinstance(c, DecodeCall) or p.implementation is not None:
         return None
-    if c.kind == "sparse" and p.gpu.arch == 9:
-        return None  # SM90 dispatches every sparse shape; bad heads are FMLA005's crash
-    if c.kind == "dense" and p.gpu.arch != 9:
+    archs, arch = path_archs(p.gen, c.kind), p.gpu.arch
+    if arch in archs:
+        if any(row["path"] == c.kind and row["arch"] == arch and "h_q" not in row and "d_qk" not in row
+               for row in p.gen["implementations"]):
+            return None  # this arch dispatches every shape of the path; bad heads are FMLA005's crash
+    elif c.kind == "dense":
         return None  # FMLA011 says it
     return [implementation_exists.rule.finding(
         f"no {c.kind} decode implementation for {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]}) with h_q={c.h_q}, d_qk={c.d_qk}",
         subject=_subject(p), numbers={"cc": list(p.gpu.cc), "h_q": c.h_q, "d_qk": c.d_qk},
-        fix="use an SM90 or SM100 GPU and a supported head count")]
+        fix=f"use an {sm_list(archs)} GPU and a supported head count")]
 
 
 @rule("FMLA014", reads="rows")

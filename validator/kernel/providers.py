@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..knowledge import decode_archs, sm_list
 from .runner import ChildSpec, run_job
 
 PROVIDER_NAMES = ("flash_mla", "sgl_kernel")
@@ -262,8 +263,9 @@ def detect(provider: str = "auto", child: ChildSpec | None = None, timeout: floa
         return Detection(False, f"no usable FlashMLA provider ({reasons}): " + INSTALL_HINT, device=device,
                          torch=torch_v, candidates=tuple(cands))
     cc = tuple(device.get("cc") or (0, 0))
-    if cc[0] not in (9, 10):
-        return Detection(False, f"FlashMLA's decode kernels need an SM90 or SM100 GPU; {device.get('name')} is "
+    archs = decode_archs()
+    if cc[0] not in archs:
+        return Detection(False, f"FlashMLA's decode kernels need an {sm_list(archs)} GPU; {device.get('name')} is "
                                 f"sm{cc[0]}{cc[1]}", provider=usable[0], device=device, torch=torch_v,
                          candidates=tuple(cands))
     return Detection(True, "", usable[0], device, torch_v, tuple(cands))

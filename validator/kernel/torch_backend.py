@@ -18,9 +18,12 @@ import importlib
 import inspect
 import time
 
+from ..knowledge import generation
 from .outcome import Unavailable, Unsupported
 
-SPARSE_BYTES_PER_TOKEN = {576: 656, 512: 584}   # V3.2 layout, MODEL1 layout
+# fp8 KV cache bytes per token by d_qk (rules/flashmla.json kv_layouts; the first one listed is
+# used for a d_qk that has no layout)
+SPARSE_BYTES_PER_TOKEN = {d: rec["bytes_per_token"] for d, rec in generation()["kv_layouts"].items()}
 KV_CACHE_BLOCKS = 2
 PREFILL_DEFAULT_S_KV = 8192
 
@@ -137,7 +140,7 @@ def _indices(torch, rows: int, s_q: int, width: int, num_tokens: int, dev):
 
 def build_sparse_inputs(torch, call, dev) -> dict:
     """Minimal valid tensors for a sparse decode call (fp8 KV cache in the layout of ``d_qk``)."""
-    bpt = call.bytes_per_token or SPARSE_BYTES_PER_TOKEN.get(call.d_qk, SPARSE_BYTES_PER_TOKEN[512])
+    bpt = call.bytes_per_token or SPARSE_BYTES_PER_TOKEN.get(call.d_qk, next(iter(SPARSE_BYTES_PER_TOKEN.values())))
     q = torch.zeros(call.b, call.s_q, call.h_q, call.d_qk, dtype=torch.bfloat16, device=dev)
     kv = torch.zeros(KV_CACHE_BLOCKS, call.page, call.h_k, bpt, dtype=torch.uint8, device=dev)
     kv = kv.view(torch.float8_e4m3fn)
