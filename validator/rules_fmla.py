@@ -83,13 +83,15 @@ def sched_smem(p: Plan):
 
 def oaccum_safe_rows(p: Plan) -> int | None:
     """The largest ``b`` for which FMLA002 cannot fire, whatever the lengths: a split request's
-    last partial-result row is at most ``(b - 1) + P``, so ``(b - 1 + P) * stride < 2^31`` is safe
+    last partial-result row is at most ``(b - 1) + P``, so ``(b - 1 + P) * stride`` within the
+    offset's integer range is safe
     (None: no scheduler, no bound needed)."""
     if not p.is_decode or p.num_sm_parts is None:
         return None
     c = p.call
-    stride = c.s_q * c.h_q * p.gen["oaccum"]["d_v"]
-    return max(INT32_MAX // stride - p.num_sm_parts + 1, 0)
+    acc = p.gen["oaccum"]
+    stride = c.s_q * c.h_q * acc["d_v"]
+    return max(_int_max(acc["offset_bits"]) // stride - p.num_sm_parts + 1, 0)
 
 
 @rule("FMLA002", reads="schedule", safe_rows=oaccum_safe_rows)
