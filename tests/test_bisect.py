@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from validator.bisect import BisectOptions, Checker, diagnose, find_boundary
+from validator.bisect import BisectChecker, BisectOptions, diagnose, find_boundary
 from validator.ingest import build_config, read_inputs
 from validator.ingest.scan import scan_lines
 
@@ -146,7 +146,7 @@ def test_find_boundary_bisects_any_monotone_rule():
         def __init__(self, bad):
             self.findings = [type("F", (), {"is_error": True, "code": "X"})()] if bad else []
 
-    class C(Checker):
+    class C(BisectChecker):
         def __call__(self, doc, split=False):
             self.calls += 1
             return R(doc["v"] >= 1000)

@@ -8,6 +8,7 @@ from typing import List, Optional
 import typer
 
 from .errors import InputError
+from .names import SUMMARY_SETTINGS
 
 EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -95,10 +96,7 @@ def register(app) -> None:
 
 # ------------------------------------------------------------------------------------ the story
 def _fmt_cfg(cfg) -> str:
-    keys = ("model_path", "chunked_prefill_size", "max_prefill_tokens", "enable_mixed_chunk", "max_running_requests",
-            "dp_size", "enable_dp_attention", "disaggregation_mode", "disaggregation_decode_extra_slots",
-            "speculative_algorithm", "speculative_num_draft_tokens", "tp_size", "max_num_batched_tokens")
-    parts = [f"{k}={cfg.values[k]}" for k in keys if cfg.values.get(k) is not None]
+    parts = [f"{k}={cfg.values[k]}" for k in SUMMARY_SETTINGS if cfg.values.get(k) is not None]
     if cfg.dp_attention and cfg.chunk_per_rank() is not None:
         parts.append(f"(chunked prefill per DP rank: {cfg.chunk_per_rank()})")
     return ", ".join(parts) if parts else "(none found: pass --launch or --server-arg)"

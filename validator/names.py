@@ -31,8 +31,10 @@ LAUNCH_SETTINGS: tuple = tuple(k for k, v in SETTINGS.items() if "launch" in v["
 SUMMARY_SETTINGS: tuple = tuple(_DATA["summary_order"])
 #: other spellings of setting names (vLLM names, short flags)
 SETTING_ALIASES = MappingProxyType(_DATA["aliases"])
-#: settings that take no value on a command line
-BOOL_FLAG_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("bool_flag"))
+#: launch-command flags that take no value but are not settings of the table
+BOOL_FLAGS_OTHER = frozenset(_DATA["bool_flags_other"]["flags"])
+#: settings, and other launch-command flags, that take no value on a command line
+BOOL_FLAG_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("bool_flag")) | BOOL_FLAGS_OTHER
 
 _MODES = _DATA["forward_modes"]
 #: the validator's forward modes

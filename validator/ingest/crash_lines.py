@@ -2,12 +2,17 @@
 
 Each recognised line becomes an :class:`ErrorEvent` with a ``kind`` and the numbers it carries.
 ``SIGNATURES`` maps a kind to the rule codes whose failure looks like it, so that the diagnosis can
-say "this error is what FMLA001 looks like" rather than guess.
+say "this error is what FMLA001 looks like" rather than guess. Which source files name a FlashMLA
+crash class is data: every kernel generation's ``error_site`` in ``rules/flashmla.json`` and the
+other builds' sites in ``rules/crash_sites.json`` (see :func:`site_patterns`).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
+
+from ..knowledge import load
 
 # kind -> (specificity, rule codes whose documented failure produces this error, quantity that varies)
 SIGNATURES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
@@ -25,6 +30,39 @@ SIGNATURES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
     "traceback": (1, (), None),
     "process_exit": (1, (), None),
 }
+
+# crash class -> (part of a generation in rules/flashmla.json whose "error_site" names its source file)
+SITE_PARTS = {"flashmla_sched": "sched_smem", "flashmla_combine": "combine"}
+
+
+def site_stem(site: str) -> str:
+    """A source file's stem from an error site: ``csrc/.../combine.cu:197`` -> ``combine``."""
+    return site.rsplit("/", 1)[-1].split(":", 1)[0].split(".", 1)[0]
+
+
+@lru_cache(maxsize=None)
+def site_patterns() -> dict[str, tuple[tuple[str, ...], tuple[str, ...]]]:
+    """Crash class -> (file-name prefixes, file-name fragments) of the source files that report it:
+    the stems of every FlashMLA generation's ``error_site`` and of the sites, prefixes and fragments
+    listed for other builds in ``rules/crash_sites.json``."""
+    gens = load("flashmla")["generations"]
+    extra = load("crash_sites")
+    out = {}
+    for kind, part in SITE_PARTS.items():
+        sites = [g[part]["error_site"] for g in gens.values() if g.get(part, {}).get("error_site")]
+        more = extra.get(kind, {})
+        stems = [site_stem(x) for x in sites + list(more.get("sites", []))] + list(more.get("prefixes", []))
+        out[kind] = (tuple(dict.fromkeys(stems)), tuple(more.get("contains", [])))
+    return out
+
+
+def site_kind(file: str) -> str | None:
+    """The FlashMLA crash class a source file named in a CUDA error reports, or None."""
+    for kind, (prefixes, fragments) in site_patterns().items():
+        if file.startswith(prefixes) or any(f in file for f in fragments):
+            return kind
+    return None
+
 
 _CUDA_FILE = re.compile(r"CUDA error \((?P<path>[^()]*?(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc)))\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)")
 _CUDA_PLAIN = re.compile(r"CUDA error:\s*(?P<msg>.*)")
@@ -89,10 +127,9 @@ def classify_error(msg: str) -> tuple[str, dict] | None:
     if m:
         f = m.group("file")
         nums = {"file": f, "source_line": int(m.group("line")), "message": m.group("msg").strip()}
-        if f.startswith(("get_decoding_sched_meta", "get_mla_metadata", "get_mla_decoding_metadata")):
-            return "flashmla_sched", nums
-        if f.startswith("combine") or "splitkv" in f:
-            return "flashmla_combine", nums
+        kind = site_kind(f)
+        if kind is not None:
+            return kind, nums
         if _ILLEGAL.search(msg):
             return "illegal_memory_access", nums
         return "cuda_error", nums

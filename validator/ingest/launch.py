@@ -16,33 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
+from ..names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, normalize_setting
 from .reprparse import Call, parse_call_at, scalar
 
-# Flag spellings that differ from the ServerArgs field name.
-FLAG_ALIASES = {
-    "tp": "tp_size", "dp": "dp_size", "ep": "ep_size", "pp": "pp_size", "model": "model_path",
-    "tensor_parallel_size": "tp_size", "data_parallel_size": "dp_size", "expert_parallel_size": "ep_size",
-    "speculative_algo": "speculative_algorithm",
-}
-# Flags that take no value (store_true). Anything else consumes the following non-flag tokens.
-BOOL_FLAGS = {
-    "enable_mixed_chunk", "enable_dp_attention", "enable_dp_lm_head", "disable_radix_cache",
-    "trust_remote_code", "disable_cuda_graph", "enable_metrics", "disable_overlap_schedule",
-    "enable_torch_compile", "disable_chunked_prefix_cache", "enable_ep_moe", "enable_deepep_moe",
-    "disable_shared_experts_fusion", "enable_two_batch_overlap", "skip_server_warmup",
-    "enable_hierarchical_cache", "enable_nan_detection", "log_requests", "show_time_cost",
-    "enable_cache_report", "disable_custom_all_reduce", "enable_priority_scheduling",
-    "enforce_eager", "enable_prefix_caching", "enable_chunked_prefill", "disable_log_stats",
-}
-# The engine settings the diagnosis reads (SGLang names); others are kept but not interpreted.
-INTERPRETED = (
-    "model_path", "chunked_prefill_size", "max_prefill_tokens", "enable_mixed_chunk",
-    "max_running_requests", "dp_size", "enable_dp_attention", "tp_size", "ep_size", "pp_size",
-    "disaggregation_mode", "disaggregation_decode_extra_slots", "speculative_algorithm",
-    "speculative_num_draft_tokens", "speculative_num_steps", "decode_log_interval",
-    "prefill_max_requests", "cuda_graph_max_bs", "context_length", "attention_backend", "page_size",
-    "kv_cache_dtype", "max_num_batched_tokens", "max_num_seqs", "crash_dump_folder",
-)
 LAUNCH_MARKERS = (
     re.compile(r"(?:^|[\s/'\"])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.launch_server\b|\S*sglang/launch_server\.py\b"),
     re.compile(r"(?:^|[\s/'\"])sglang\s+serve\b"),
@@ -50,11 +26,6 @@ LAUNCH_MARKERS = (
     re.compile(r"(?:^|[\s/'\"])vllm\s+serve\b"),
 )
 MAX_LAUNCH_CHARS = 256 * 1024
-
-
-def norm_key(flag: str) -> str:
-    k = flag.strip().lstrip("-").replace("-", "_")
-    return FLAG_ALIASES.get(k, k)
 
 
 def coerce(text: str) -> Any:
@@ -125,7 +96,7 @@ def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
             i += 1
             continue
         name, eq, inline = t[2:].partition("=")
-        key = norm_key(name)
+        key = normalize_setting(name)
         if not key:
             i += 1
             continue
@@ -133,7 +104,7 @@ def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
             out[key] = coerce(inline)
             i += 1
             continue
-        if key in BOOL_FLAGS:
+        if key in BOOL_FLAG_SETTINGS:
             nxt = toks[i + 1].lower() if i + 1 < len(toks) else ""
             if nxt in ("true", "false"):
                 out[key] = nxt == "true"
@@ -162,7 +133,7 @@ def parse_server_arg_overrides(items: Iterable[str]) -> dict[str, Any]:
         key, eq, val = it.partition("=")
         if not eq or not key.strip():
             raise InputError("--server-arg", f"expected KEY=VALUE (e.g. chunked_prefill_size=8192), got {it!r}")
-        out[norm_key(key)] = coerce(val)
+        out[normalize_setting(key)] = coerce(val)
     return out
 
 
@@ -239,7 +210,7 @@ class EngineConfig:
         return r // self.dp_size if self.dp_attention else r
 
     def to_dict(self) -> dict:
-        keys = [k for k in INTERPRETED if k in self.values]
+        keys = [k for k in LAUNCH_SETTINGS if k in self.values]
         return {
             "engine": self.engine,
             "values": {k: self.values[k] for k in keys},

@@ -1,0 +1,147 @@
+"""From engine evidence to the crashing step, the rule, the boundary and the fix."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InputError
+from ..ingest.crash_dump import CrashDump
+from ..ingest.crash_lines import ErrorEvent
+from ..ingest.launch import EngineConfig
+from ..ingest.scan import LogEvidence
+from .boundary import BisectChecker
+from .builder import Builder
+from .consistency import budget_check, cross_check, survival_check
+from .evaluate import add_headroom, evaluate
+from .fixes import propose_fixes
+from .kernel import kernel_hook
+from .profiles import choose_profile, versions_to_try
+from .results import Candidate, Diagnosis
+from .vllm import diagnose_vllm
+from .without_steps import candidates_without_steps
+
+
+@dataclass
+class BisectOptions:
+    """What the user said: engine version, profile(s), GPU, kernel generation, rank, kernel mode."""
+
+    sglang_version: str | None = None
+    engine: list[str] | None = None
+    gpu: Any = None
+    kernel_gen: str | None = None
+    rank: str | None = None
+    kernel: bool = False
+    kernel_console: Any = None
+
+
+def _ranks_to_check(ev: LogEvidence, err: ErrorEvent | None, want: str | None) -> list[str]:
+    ranks = sorted(ev.ranks)
+    if want:
+        w = want.upper() if want.upper().startswith("DP") else f"DP{want}"
+        if w not in ev.ranks:
+            raise InputError("--rank", f"no scheduler lines for {w} in the log; ranks seen: {', '.join(ranks) or 'none'}")
+        return [w]
+    if err is not None and err.rank is not None and err.rank in ev.ranks:
+        return [err.rank] + [r for r in ranks if r != err.rank]
+    return ranks
+
+
+def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | None = None,
+             opts: BisectOptions | None = None) -> Diagnosis:
+    """From the evidence and the settings to the crashing step, the rule, the boundary and the fixes."""
+    opts = opts or BisectOptions()
+    notes: list[str] = []
+    err = evidence.root_error() if evidence is not None else None
+    engine = (evidence.engine if evidence is not None else None) or cfg.engine or ("sglang" if dump else None)
+    checker = BisectChecker(opts.gpu, opts.kernel_gen)
+
+    if evidence is not None and evidence.vllm_steps and not evidence.ranks:
+        return diagnose_vllm(evidence, cfg, err, checker, notes)
+
+    profile, why_profile = choose_profile(cfg, err, opts.engine, evidence)
+    era = evidence.era() if evidence is not None else None
+    versions, after, vbasis = versions_to_try(opts.sglang_version, era)
+    eras_seen = list(evidence.era_examples.values()) if evidence is not None else []
+    clash = any(not a.compatible(b) for a in eras_seen for b in eras_seen)
+    if clash and not opts.sglang_version:
+        notes.append(f"the log mixes line formats {dict(evidence.eras)}: the most recent one ({era.label if era else '?'}) "
+                     "decides; pass --sglang-version to be sure")
+    if after is None and not opts.sglang_version:
+        notes.append("the print order of this log's Prefill lines is not known for its version: both the last "
+                     "logged batch and the next one are checked (pass --sglang-version to decide)")
+    notes.append(f"engine profile {', '.join(profile)}: {why_profile}")
+    b = Builder(cfg, profile, opts.gpu, versions, after, notes)
+    cands: list[Candidate] = []
+    quantity = err.quantity if err is not None else None
+
+    if evidence is not None and evidence.ranks:
+        for rank in _ranks_to_check(evidence, err, opts.rank):
+            tl = evidence.ranks[rank]
+            cut = err.line_no if err is not None else None
+            p = tl.last("prefill", cut)
+            d = tl.last("decode", cut)
+            if quantity == "slot" or (quantity is None and profile == ["sglang-slots"]):
+                sc = b.slot_step(rank, d, err)
+                if sc:
+                    cands.append(sc)
+                continue
+            p_last = p is not None and (d is None or p.line_no > d.line_no)
+            if after is False or after is None:
+                if p is not None:
+                    cands.append(b.prefill_logged(rank, p, exact=p_last and after is False,
+                                                  label=f"the last logged prefill (line {p.line_no}), printed before its forward"
+                                                  if after is False else f"the last logged prefill (line {p.line_no})"))
+            if after is True or after is None:
+                nc = b.prefill_next(rank, p, tl)
+                if nc:
+                    cands.append(nc)
+            dc = b.decode_step(rank, p, d)
+            if dc:
+                if after is False and p_last:
+                    dc.basis.append("less likely: the last line before the crash is a Prefill line")
+                cands.append(dc)
+            if "sglang-slots" in profile and quantity != "rows":
+                sc = b.slot_step(rank, d, err)
+                if sc:
+                    cands.append(sc)
+    else:
+        cands.extend(candidates_without_steps(b, cfg, err, dump, notes))
+
+    for c in cands:
+        evaluate(c, checker, err)
+    explained = _pick(cands, err)
+    if explained is None:
+        for c in cands[:3]:
+            add_headroom(c, checker, err)
+    if explained is None and err is not None and err.kind == "index_oob":
+        n_, m_ = err.numbers["index"], err.numbers["size"]
+        notes.append(f"the error itself says: index {n_} into a buffer of {m_} rows, so the largest legal index there is "
+                     f"{m_ - 1} (over by {n_ - m_ + 1}); give the settings (--launch / --server-arg "
+                     "max_running_requests=..., disaggregation_decode_extra_slots=...) to name the buffer and check it")
+    if explained is None and cands:
+        notes.append("no candidate step breaks a rule the model knows: the crash is not explained by the "
+                     "checker (the settings may be incomplete - pass --launch / --server-arg - or the cause is "
+                     "outside the modelled limits)")
+    fixes = propose_fixes(explained, cfg, checker, profile) if explained is not None else []
+    if explained is not None and explained.boundary is not None and err is not None:
+        cross_check(explained, err, notes)
+    if evidence is not None:
+        survival_check(evidence, explained, after, notes)
+        budget_check(evidence, b, notes)
+    if err is None and evidence is not None:
+        notes.append("no error line found: the log may end before the crash; the verdicts are for the last steps logged")
+    diag = Diagnosis(engine or "sglang", profile, err, after, vbasis, cands, explained, fixes, cfg, evidence, dump, notes)
+    if opts.kernel:
+        diag.kernel = kernel_hook(explained, checker, opts.kernel_console)
+    return diag
+
+
+def _pick(cands: list[Candidate], err: ErrorEvent | None) -> Candidate | None:
+    """The candidate that best explains the crash: breaks a rule whose failure matches the error,
+    at its likely value rather than only at the top of its range, exact rather than reconstructed."""
+    illegal = [c for c in cands if c.is_illegal]
+    if not illegal:
+        return None
+    err_rank = err.rank if err is not None else None
+    return max(illegal, key=lambda c: (c.matches_error, c.rank == err_rank, c.verdict == "illegal", c.exact,
+                                       c.likely is not None, -cands.index(c)))

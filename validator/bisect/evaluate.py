@@ -1,0 +1,76 @@
+"""Judging a candidate: its verdict under each possible engine version, and its boundary."""
+from __future__ import annotations
+
+from ..errors import InputError
+from ..ingest.crash_lines import ErrorEvent
+from .boundary import BisectChecker, error_codes, find_boundary
+from .results import Candidate
+
+
+def summarise_findings(report) -> list[dict]:
+    """The report's errors as plain dicts (code, message, numbers, fix)."""
+    out = []
+    for f in report.findings:
+        if f.is_error:
+            out.append({"code": f.code, "message": f.message, "numbers": f.numbers, "fix": f.fix})
+    return out
+
+
+def evaluate(c: Candidate, checker: BisectChecker, err: ErrorEvent | None) -> None:
+    """Check the candidate under each possible engine version; keep the version most consistent with the
+    error, then bisect the boundary of the varying quantity.
+
+    Verdicts: ``illegal`` (at the likely value, or at the lower end of the range when no value is
+    likely), ``partly illegal`` (only the upper part of the range breaks a rule), ``legal``."""
+    targets = set(err.suspect_codes) if err is not None else set()
+    best = None
+    for ver in c.versions:
+        try:
+            point = c.likely if c.likely is not None else c.lo
+            rep_p = checker(c.make(point, ver), split=False)
+            codes_p = error_codes(rep_p, None)
+            rep_h, codes_h = rep_p, codes_p
+            if c.hi != point:
+                rep_h = checker(c.make(c.hi, ver), split=False)
+                codes_h = error_codes(rep_h, None)
+        except InputError as e:
+            c.check_error = f"the checker rejected the reconstructed batch: {e}"
+            c.verdict = "error"
+            return
+        if codes_p:
+            verdict, codes, rep, at = "illegal", codes_p, rep_p, point
+        elif codes_h:
+            verdict, codes, rep, at = "partly illegal", codes_h, rep_h, c.hi
+        else:
+            verdict, codes, rep, at = "legal", [], rep_p, point
+        match = bool(targets & set(codes)) if targets else bool(codes)
+        score = (match, {"illegal": 2, "partly illegal": 1}.get(verdict, 0))
+        if ver is not None and len(c.versions) > 1:
+            c.version_notes.append(f"{ver}: {verdict}" + (f" ({', '.join(codes)})" if codes else "")
+                                   + f" at {at} {c.quantity}")
+        if best is None or score > best[0]:
+            best = (score, ver, verdict, codes, rep, at, match)
+    assert best is not None
+    _, ver, verdict, codes, rep, at, match = best
+    c.version, c.verdict, c.codes = ver, verdict, codes
+    c.findings = summarise_findings(rep)
+    c.matches_error = match
+    c.batch = c.make(at, ver)
+    if verdict == "legal":
+        return   # its headroom is only bisected when nothing explains the crash (see add_headroom)
+    tcodes = set(c.codes) or targets or None
+    c.boundary = find_boundary(lambda v: c.make(v, ver), checker, 1, at, tcodes, c.quantity)
+    try:
+        full = checker(c.batch, split=True)
+        if full.safe_split is not None:
+            c.safe_split = full.safe_split.to_dict() if hasattr(full.safe_split, "to_dict") else full.safe_split
+    except InputError:
+        pass
+
+
+def add_headroom(c: Candidate, checker: BisectChecker, err: ErrorEvent | None) -> None:
+    """For a legal candidate: how far its quantity could grow before the error's rules (or any rule) fire."""
+    if c.verdict != "legal" or c.boundary is not None:
+        return
+    targets = set(err.suspect_codes) if err is not None else set()
+    c.boundary = find_boundary(lambda v: c.make(v, c.version), checker, 1, c.value, targets or None, c.quantity)
