@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import validator
-from validator.bisect import Checker as BisectChecker, find_boundary
+from validator.bisect import BisectChecker, find_boundary
 from validator.errors import BatchIllegalError
 from validator.knowledge import load
 from validator.registry import generation, rule, unregister
