@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..api import check
+from ..search import largest_legal
 from .results import Boundary
 
 MAX_VALUE = 1 << 22          # search cap for a quantity (rows, slots, batch size)
@@ -38,7 +39,8 @@ def error_codes(report, targets: set[str] | None) -> list[str]:
 def find_boundary(make: Callable[[int], dict], checker: BisectChecker, lo: int, observed: int | None,
                   targets: set[str] | None, quantity: str, cap: int = MAX_VALUE) -> Boundary:
     """Largest ``v >= lo`` whose batch the checker finds legal (for the ``targets`` codes), by
-    galloping up from ``observed`` (or ``lo``) and bisecting; assumes legality is monotone in ``v``."""
+    galloping up from ``observed`` (or ``lo``) and bisecting (:func:`validator.search.largest_legal`);
+    assumes legality is monotone in ``v``."""
     cache: dict[int, list[str]] = {}
 
     def bad(v: int) -> list[str]:
@@ -46,25 +48,12 @@ def find_boundary(make: Callable[[int], dict], checker: BisectChecker, lo: int, 
             cache[v] = error_codes(checker(make(v)), targets)
         return cache[v]
 
-    if bad(lo):
+    start = observed if observed is not None and observed > lo else None
+    good, first_bad = largest_legal(lambda v: not bad(v), lo, start, cap)
+    if good is None:
         return Boundary(quantity, None, lo, observed, bad(lo), len(cache),
                         note=f"illegal already at the smallest value {lo}: the varying quantity is not the cause")
-    good = lo
-    probe = observed if observed is not None and observed > lo else max(lo * 2, lo + 1)
-    first_bad = None
-    while probe <= cap:
-        if bad(probe):
-            first_bad = probe
-            break
-        good = probe
-        probe = probe * 2
     if first_bad is None:
         return Boundary(quantity, None, None, observed, [], len(cache),
                         note=f"legal up to {good}: no boundary below {cap}")
-    while first_bad - good > 1:
-        mid = (good + first_bad) // 2
-        if bad(mid):
-            first_bad = mid
-        else:
-            good = mid
     return Boundary(quantity, good, first_bad, observed, bad(first_bad), len(cache))
