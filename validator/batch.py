@@ -266,6 +266,11 @@ def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Reque
     return Request(str(rid), extend, prefix, seq_len, slot, dp_rank, is_decode)
 
 
+def default_profile() -> str:
+    """The engine profile used when none is named (``rules/engines.json``)."""
+    return load("engines")["default_profile"]
+
+
 def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
     data = load("engines")
     specs = spec if isinstance(spec, list) else [spec]

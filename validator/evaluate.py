@@ -32,6 +32,10 @@ class EngineSetup:
     def profiles(self) -> tuple:
         return tuple(p for p, _, _ in self.parts)
 
+    def providing(self, quantity: str):
+        """The configuration part of the profile that provides ``quantity`` (None when none does)."""
+        return next((s for p, _, s in self.parts if quantity in p.provides), None)
+
     @property
     def provides(self) -> frozenset:
         return frozenset().union(*(p.provides for p in self.profiles)) if self.parts else frozenset()

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import adapters
-from .batch import Batch, RequestColumns, batch_from_dict, is_batch_document
+from .batch import Batch, RequestColumns, batch_from_dict, default_profile, is_batch_document
 from .bounds import derive_bounds
 from .calls import MAX_ROWS
 from .errors import BatchIllegalError, InputError
@@ -143,10 +143,10 @@ class Checker:
     Raises :class:`InputError` (naming the field) for malformed configuration or input.
     """
 
-    def __init__(self, engine: Any = "sglang-dsv4", gpu: Any = "H200", server_args: Any = None, *,
+    def __init__(self, engine: Any = None, gpu: Any = "H200", server_args: Any = None, *,
                  model: Mapping | None = None, buffers: list | None = None, kernel: str | None = None,
                  split: bool = True):
-        doc: dict = {"engine": engine, "server_args": _server_args(server_args), "forward_mode": "decode",
+        doc: dict = {"engine": default_profile() if engine is None else engine, "server_args": _server_args(server_args), "forward_mode": "decode",
                      "requests": [{"id": "probe", "seq_len": 1}]}
         if model:
             doc["model"] = dict(model)
@@ -175,7 +175,7 @@ class Checker:
         self.threshold: int | None = b.threshold
         self.has_slots = b.has_slots
         self.max_slot: int | None = b.max_slot
-        slots = self._setup.part("sglang-slots")
+        slots = self._setup.providing("slots")
         self.table_rows: int | None = slots.table_rows if slots is not None else None
         self.buffer_rows: dict = {buf.name: buf.rows for buf in slots.buffers} if slots is not None else {}
         self._sure_rows = b.sure_rows

@@ -15,7 +15,11 @@ LEGAL`` comparisons are explained the same way.
 
 Configuration, most specific first: keyword arguments of the call; the
 ``@pytest.mark.validate_batch(engine=..., gpu=..., server_args=...)`` marker; the ini options
-``validate_batch_engine`` and ``validate_batch_gpu``; the defaults ``sglang-dsv4`` on ``H200``.
+``validate_batch_engine`` and ``validate_batch_gpu``; the defaults: ``rules/engines.json``'s
+``default_profile`` (``sglang-dsv4``) on ``H200``.
+
+The plugin is loaded by every pytest run in an environment where the package is installed, so it
+imports the package's modules only when a test uses them (function-level imports on purpose).
 """
 from __future__ import annotations
 
@@ -116,7 +120,7 @@ class BatchValidator:
 # ----------------------------------------------------------------------------------- hooks
 def pytest_addoption(parser):
     parser.addini("validate_batch_engine", "engine profile for the batch_validator fixture (e.g. sglang-dsv4@0.5.10)",
-                  default="sglang-dsv4")
+                  default="")
     parser.addini("validate_batch_gpu", "GPU for the batch_validator fixture", default="H200")
 
 
@@ -128,7 +132,9 @@ def pytest_configure(config):
 @pytest.fixture
 def batch_validator(request) -> BatchValidator:
     """Checks batches against the test's engine configuration (marker, then ini options)."""
-    cfg: dict = {"engine": request.config.getini("validate_batch_engine") or "sglang-dsv4",
+    from .batch import default_profile
+
+    cfg: dict = {"engine": request.config.getini("validate_batch_engine") or default_profile(),
                  "gpu": request.config.getini("validate_batch_gpu") or "H200"}
     for mark in reversed(list(request.node.iter_markers("validate_batch"))):  # closest marker wins
         unknown = set(mark.kwargs) - set(ENGINE_KEYS)

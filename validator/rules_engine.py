@@ -35,9 +35,9 @@ def decode_kernel_rows(bp):
     ## Source
     SGLang ``deepseek_v4_backend.py``; routing in sgl-project/sglang PR #25418 / #25502.
     """
-    if bp.rows is None or bp.routing.get("routed") or bp.max_decode_rows is None:
+    if bp.rows is None or bp.routing.get("routed") or bp.max_rows is None:
         return None
-    T, L = bp.rows, bp.max_decode_rows
+    T, L = bp.rows, bp.max_rows
     if T <= L:
         return None
     thr = bp.routing.get("threshold")

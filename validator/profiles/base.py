@@ -43,7 +43,7 @@ class DerivedCall:
 class BatchPlan:
     """Everything the engine rules read about one forward, computed once.
 
-    ``rows``, ``row_breakdown``, ``routing`` and ``max_decode_rows`` are filled in by a profile that
+    ``rows``, ``row_breakdown``, ``routing`` and ``max_rows`` are filled in by a profile that
     provides query rows; ``slots`` by one that provides request slots; ``calls`` by any profile that
     derives kernel calls. ``profiles`` are the profiles that built it, in order.
     """
@@ -54,7 +54,7 @@ class BatchPlan:
     row_breakdown: dict = field(default_factory=dict)
     calls: list[DerivedCall] = field(default_factory=list)
     routing: dict = field(default_factory=dict)
-    max_decode_rows: int | None = None
+    max_rows: int | None = None
     slots: Any = None
     profiles: tuple = ()
 

@@ -195,7 +195,7 @@ class Dsv4Profile(Profile):
         threshold = setup.threshold
         mode = batch.forward_mode
         routed = mode in ROUTABLE_MODES and threshold is not None and rows > threshold
-        bp.rows, bp.row_breakdown, bp.max_decode_rows = rows, bd, setup.max_rows
+        bp.rows, bp.row_breakdown, bp.max_rows = rows, bd, setup.max_rows
         bp.routing = {"threshold": threshold, "routed": routed,
                       "reason": _routing_reason(mode, rows, threshold, routed), "version": version["name"]}
         if routed:
@@ -264,14 +264,14 @@ class Dsv4Profile(Profile):
     def context(self, bp: BatchPlan) -> dict:
         if bp.rows is None:
             return {}
-        return {"query_rows": bp.rows, "row_breakdown": bp.row_breakdown, "max_decode_kernel_rows": bp.max_decode_rows,
+        return {"query_rows": bp.rows, "row_breakdown": bp.row_breakdown, "max_decode_kernel_rows": bp.max_rows,
                 "routing": bp.routing, "kernel_calls": [c.summary() for c in bp.calls]}
 
     def summary_lines(self, bp: BatchPlan) -> list[str]:
         if bp.rows is None:
             return []
         parts = " + ".join(f"{v} {k.replace('_', ' ')}" for k, v in bp.row_breakdown.items() if v)
-        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); decode-kernel limit {bp.max_decode_rows} rows",
+        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); decode-kernel limit {bp.max_rows} rows",
                  f"  routing: {bp.routing['reason']}"]
         for c in bp.calls:
             extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""

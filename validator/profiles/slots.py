@@ -17,7 +17,6 @@ from .base import BatchPlan, Profile
 
 NAME = "sglang-slots"
 ROWS_FROM = ("running_limit", "table_rows", "running_limit_total")
-DRAFT_ALGORITHMS = ("NEXTN", "EAGLE", "EAGLE3", "MTP")
 
 
 @dataclass
@@ -119,7 +118,7 @@ def derive_slots(batch: Batch, version: dict) -> SlotModel:
     if batch.model.get("dsa_tails", True):
         buffers.append(SlotBuffer("target DSA compression tails (key, score)", t_rows + 1, "target", width=width,
                                   required_width=required, sizing=f"table rows + 1 = {t_rows} + 1 (hybrid builder)"))
-        has_draft = d > 0 or str(batch.arg("speculative_algorithm", "") or "").upper() in DRAFT_ALGORITHMS
+        has_draft = d > 0 or str(batch.arg("speculative_algorithm", "") or "").upper() in dflt["draft_model_algorithms"]
         if has_draft:
             if version.get("draft_tail_sizing") == "running_limit":
                 rows, sizing = R + 1, f"max_running_requests + 1 = {R} + 1 (plain DSA builder given the scheduler limit)"
