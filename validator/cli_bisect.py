@@ -9,6 +9,7 @@ import typer
 
 from .errors import InputError
 from .names import SUMMARY_SETTINGS
+from .split_text import split_summary
 
 EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -102,17 +103,6 @@ def _fmt_cfg(cfg) -> str:
     return ", ".join(parts) if parts else "(none found: pass --launch or --server-arg)"
 
 
-def _ids(ids: list) -> str:
-    if len(ids) <= 4:
-        return ", ".join(map(str, ids))
-    return f"{len(ids)} requests ({ids[0]} .. {ids[-1]})"
-
-
-def _chunks(step: list) -> str:
-    parts = [f"{c['id']}[{c['start']}:{c['start'] + c['tokens']}]" if "tokens" in c else str(c.get("id")) for c in step]
-    return ", ".join(parts) if len(parts) <= 4 else f"{len(parts)} pieces ({parts[0]} .. {parts[-1]})"
-
-
 def render_diagnosis(diag, console) -> None:
     """The human story: what was read, the error, the timeline, the step, the rule, the numbers, the fix."""
     ev = diag.evidence
@@ -187,16 +177,10 @@ def render_diagnosis(diag, console) -> None:
                   f"{over} ({b.evaluations} checks)")
             elif b.note:
                 p(f"boundary: {b.note}")
-        sp = ex.safe_split
-        if sp and sp.get("possible"):
-            if sp.get("num_steps"):
-                p(f"safe split: {sp['num_steps']} step(s) of whole requests: "
-                  + "; ".join(_ids(st) for st in sp["steps"][:6]) + (" ..." if sp["num_steps"] > 6 else ""))
-            elif sp.get("num_chunked_steps"):
-                p(f"safe split: {sp['num_chunked_steps']} chunked step(s): "
-                  + "; ".join(_chunks(st) for st in sp["chunked_steps"][:6]) + (" ..." if sp["num_chunked_steps"] > 6 else ""))
-        elif sp and not sp.get("possible"):
-            p(f"safe split: none ({sp.get('reason', '')})")
+        if ex.safe_split:
+            line = split_summary(ex.safe_split)
+            if line:
+                p(line)
     if diag.fixes:
         p("fix:")
         for f in diag.fixes:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .report import Report
+from .split_text import split_lines
 
 
 def explain(report: Report, what: str = "batch") -> str:
@@ -28,21 +29,6 @@ def explain(report: Report, what: str = "batch") -> str:
             lines.append(f"      fix: {f.fix}")
         if f.failure and f.is_error:
             lines.append(f"      on the GPU: {f.failure}")
-    sp = report.safe_split
-    if sp is not None:
-        if not sp.possible:
-            lines.append(f"safe split: none - {sp.reason}")
-        else:
-            if sp.steps is not None:
-                lines.append(f"safe split: {len(sp.steps)} step(s), whole requests in order:")
-                lines.extend(f"  step {i}: {', '.join(st)}" for i, st in enumerate(sp.steps, 1))
-            elif sp.unchunked_reason:
-                lines.append(f"safe split: {sp.unchunked_reason}")
-            if sp.chunked_steps is not None and sp.steps is None:
-                lines.append(f"chunked: {len(sp.chunked_steps)} step(s):")
-                for i, st in enumerate(sp.chunked_steps, 1):
-                    parts = [f"{c['id']}[{c['start']}:{c['start'] + c['tokens']}]" for c in st]
-                    lines.append(f"  step {i}: {', '.join(parts)}")
-        for st in sp.settings:
-            lines.append(f"  prevent: {st['flag']} {st['value']} - {st['why']}")
+    if report.safe_split is not None:
+        lines.extend(split_lines(report.safe_split.to_dict()))
     return "\n".join(lines)
