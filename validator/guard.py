@@ -32,7 +32,7 @@ from .bounds import derive_bounds
 from .calls import MAX_ROWS
 from .errors import BatchIllegalError, InputError
 from .evaluate import engine_setup
-from .fields import (MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, bad_element, column, count, int_arg, ints_within, top,
+from .fields import (MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, bad_element, column, int_arg, ints_within, top,
                      top_within, total)
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
@@ -161,7 +161,6 @@ class Checker:
         self.profiles = tmpl.profiles
         self.gpu = tmpl.gpu
         self.engine = [f"{n}@{v}" if v else n for n, v in tmpl.profiles]
-        names = {n for n, _ in tmpl.profiles}
 
         # Everything below depends on the configuration only.
         self._setup = engine_setup(self._template, kernel)

@@ -13,7 +13,7 @@ from typing import Any
 from .adapters import step_lists
 from .calls import MAX_ROWS
 from .errors import InputError
-from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, column, count, int_arg, total
+from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, column, count, int_arg
 from .names import ROUTABLE_MODES, parse_mode
 from .search import largest_legal
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .calls import DecodeCall, KernelCall, SparsePrefillCall, cached
+from .calls import DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
 from .knowledge import GPU, generation, resolve_gpu
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_memo, schedule_reference
 
@@ -296,8 +296,6 @@ class Plan:
 
 def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan:
     """Plan one call. ``call`` may be a :class:`DecodeCall` or an oracle-format record (dict)."""
-    from .calls import call_from_record
-
     if isinstance(call, dict):
         call = call_from_record(call)
     g = resolve_gpu(gpu)

@@ -13,13 +13,16 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..api import check_plan
 from ..calls import DecodeCall, SparsePrefillCall
 from ..errors import InputError
 from ..knowledge import GPU
-from ..plan import Plan, plan as make_plan
+from ..plan import Plan
+from ..plan import plan as make_plan
 from .outcome import RunResult
 from .providers import Detection, Provider, detect
 from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
+from .slots import probe_slot_index
 
 LEGAL_KEY = "(no error)"
 # Rule failure classes (the text before ":" in rules/catalog.json) under which a kernel that happens
@@ -155,8 +158,6 @@ def failure_class(failure: str) -> str:
 
 
 def model_view(p: Plan) -> ModelView:
-    from ..api import check_plan
-
     findings = check_plan(p)
     errors = [f for f in findings if f.is_error]
     classes = [failure_class(f.failure) for f in errors]
@@ -195,7 +196,7 @@ def agreement(model: ModelView, run: RunResult) -> str:
 
 # ----------------------------------------------------------------------------- the check
 
-def _gpu_from_device(device: dict, fallback: GPU) -> GPU:
+def gpu_from_device(device: dict, fallback: GPU) -> GPU:
     cc = device.get("cc") or list(fallback.cc)
     return GPU(device.get("name") or fallback.name, int(device.get("num_sms") or fallback.num_sms),
                (int(cc[0]), int(cc[1])), int(device.get("smem_optin") or fallback.smem_optin),
@@ -275,7 +276,7 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
     """Run the plans' calls with a detected provider and build the full result."""
     provider = det.provider
     base_gpu = plans[0].gpu if plans else None
-    gpu = _gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
+    gpu = gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
     replanned = [replan(p, gpu, provider.generation) for p in plans]
     jobs = [job_for(p.call, provider) for p in replanned]
     lock = threading.Lock()
@@ -342,8 +343,6 @@ def slot_buffer_checks(report, *, timeout: float = DEFAULT_TIMEOUT_S, child: Chi
     """For a batch with request slots: write the batch's largest slot into every slot-indexed buffer,
     allocated at its computed size on the GPU (and on the CPU), each in a child process; compare with
     the model's verdict (out of bounds exactly when the slot is >= the buffer's rows)."""
-    from .slots import probe_slot_index
-
     bp = getattr(report, "batch_plan", None)
     if bp is None or bp.slots is None:
         return None

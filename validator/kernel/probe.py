@@ -20,10 +20,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from ..api import check_plan
 from ..calls import call_from_record
 from ..errors import InputError
+from ..knowledge import resolve_gpu
+from ..plan import plan as make_plan
+from .check import call_record, gpu_from_device
 from .outcome import RunResult
-from .runner import DEFAULT_TIMEOUT_S, ChildSpec
+from .providers import detect
+from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
 
 MAX_MODEL_SCAN = 1 << 17          # values scanned exhaustively by the model
 LIST_FIELDS = ("topk_length", "extra_topk_length", "seqlens")
@@ -88,9 +93,6 @@ def record_at(template: dict, quantity: str, value: int) -> dict:
 
 def model_verdicts(template: dict, quantity: str, values: Iterable[int], gpu: Any, generation: str | None) -> dict:
     """``{value: (verdict, error codes)}`` from the model."""
-    from ..api import check_plan
-    from ..plan import plan as make_plan
-
     out = {}
     for v in values:
         p = make_plan(call_from_record(record_at(template, quantity, v)), gpu, generation)
@@ -239,11 +241,6 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
     kernel mode is unavailable, ``measured`` is ``{"available": false, "reason": ...}`` and the model
     part is still filled in.
     """
-    from ..knowledge import resolve_gpu
-    from .check import _gpu_from_device, call_record
-    from .providers import detect
-    from .runner import run_jobs
-
     tmpl = template_record(template, quantity)
     d_lo, d_hi = DEFAULT_RANGES.get(quantity, (1, 1 << 14))
     lo = d_lo if lo is None else lo
@@ -257,7 +254,7 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
     if runner is None:
         det = detect(provider, child, timeout)
         if det.available:
-            g = _gpu_from_device(det.device, g)
+            g = gpu_from_device(det.device, g)
             generation = det.provider.generation
     result["gpu"] = g.to_dict()
     cache: dict[int, tuple] = {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InputError
 from .providers import torch_installed
 from .runner import ChildSpec, run_job, run_jobs
 
@@ -27,8 +28,6 @@ def cpu_index_error(rows: int, slot: int) -> str | None:
 
 
 def _validate(rows: Any, width: Any, slot: Any, device: str) -> tuple[int, int, int]:
-    from ..errors import InputError
-
     for name, v, lo, hi in (("rows", rows, 1, MAX_ROWS), ("width", width, 1, MAX_WIDTH)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise InputError(name, f"expected an integer, got {v!r}")

@@ -18,8 +18,10 @@ import importlib
 import inspect
 import time
 
+from ..calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..knowledge import generation
 from .outcome import Unavailable, Unsupported
+from .providers import PROVIDER_MODULES, Param, classify_api
 
 # fp8 KV cache bytes per token by d_qk (rules/flashmla.json kv_layouts; the first one listed is
 # used for a d_qk that has no layout)
@@ -53,8 +55,6 @@ def device_facts(torch) -> dict:
 
 
 def _params(fn):
-    from .providers import Param
-
     if fn is None:
         return None
     try:
@@ -67,8 +67,6 @@ def _params(fn):
 
 def inspect_provider(name: str, module_name: str) -> dict:
     """Import a provider module and classify its API from the live functions."""
-    from .providers import classify_api
-
     try:
         mod = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
@@ -84,8 +82,6 @@ def inspect_provider(name: str, module_name: str) -> dict:
 
 
 def op_detect(job, stage, partial) -> dict:
-    from .providers import PROVIDER_MODULES
-
     stage("import-torch")
     torch = _torch()
     out = {"torch": torch.__version__, "torch_cuda": getattr(torch.version, "cuda", None)}
@@ -181,8 +177,6 @@ def _readback(torch, md, ns) -> dict:
 def _kernel_job(job, stage, kind: type, what: str):
     """The common start of a kernel job: torch, the device, the FlashMLA provider, and the job's call
     (which must be a ``kind``)."""
-    from ..calls import call_from_record
-
     stage("import")
     torch = _torch()
     dev = _device(torch, job)
@@ -194,8 +188,6 @@ def _kernel_job(job, stage, kind: type, what: str):
 
 
 def op_decode(job, stage, partial) -> dict:
-    from ..calls import DecodeCall
-
     torch, dev, mod, info, call = _kernel_job(job, stage, DecodeCall, "decode job needs a sparse or dense call record")
     api = info["api"]
     if call.is_sparse and "indices" not in info["features"]:
@@ -246,8 +238,6 @@ def op_decode(job, stage, partial) -> dict:
 
 
 def op_prefill(job, stage, partial) -> dict:
-    from ..calls import SparsePrefillCall
-
     torch, dev, mod, info, call = _kernel_job(job, stage, SparsePrefillCall, "prefill job needs a prefill call record")
     fn = getattr(mod, "flash_mla_sparse_fwd", None)
     if fn is None:
