@@ -4,16 +4,14 @@ Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field).
 """
 from __future__ import annotations
 
-import json
-import sys
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from .errors import InputError
+from .output import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
 
 app = typer.Typer(
     name="validate-batch",
@@ -35,10 +33,7 @@ app = typer.Typer(
     ),
 )
 
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-
-EXIT_LEGAL, EXIT_ILLEGAL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_LEGAL, EXIT_ILLEGAL = 0, 1
 
 
 def _version(value: bool) -> None:
@@ -63,15 +58,6 @@ def _root(
     """Is this batch legal for the attention kernels?"""
 
 
-def fail_input(e: InputError) -> None:
-    print(f"error: {e}", file=sys.stderr)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
-
-
 GPU_HELP = "GPU profile name (H100-SXM, H800, H20, H200, B200, GB200, ...) or raw numbers 'num_sms=132,cc=9.0,smem_optin=232448'. Overrides a device header in the input."
 
 
@@ -93,6 +79,7 @@ def metadata(
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
     kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile (default: the newest in rules/flashmla.json)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per call, in input order."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     reference: bool = typer.Option(False, "--reference", help="Compute with the plain reference loop instead of the fast path."),
     rows: int = typer.Option(16, "--rows", help="Human mode: partitions shown per call (the rest are counted, never dropped silently)."),
 ):
@@ -111,6 +98,8 @@ def metadata(
     from .plan import plan as make_plan
     from .session import split_device_header
 
+    output = Output.for_flags(as_json, quiet)
+    out = output.console
     try:
         docs, g = split_device_header(load_documents(file), gpu)
         if not docs:
@@ -118,15 +107,17 @@ def metadata(
         calls = calls_from_records(docs)
         plans = [make_plan(c, g, kernel) for c in calls]
     except InputError as e:
-        fail_input(e)
+        output.error(e)
     any_illegal = False
     for i, p in enumerate(plans):
         findings = check_plan(p)
         legal = not any(f.is_error for f in findings)
         any_illegal |= not legal
+        if output.is_quiet:
+            continue
         sch = p.reference_schedule() if reference else p.schedule
-        if as_json:
-            emit_json({
+        if output.is_json:
+            output.json({
                 "index": i,
                 "implementation": p.implementation.name if p.implementation else None,
                 "num_sm_parts": p.num_sm_parts,
@@ -207,6 +198,8 @@ def check(
     from .render import render_report
     from .session import check_documents
 
+    output = Output.for_flags(as_json, quiet)
+    out = output.console
     try:
         if engine is not None:
             from .batch import check_batch_document
@@ -229,18 +222,18 @@ def check(
         if run_kernel:
             from .kernel.check import kernel_check_report
 
-            kernel_result = kernel_check_report(report, console=err)
+            kernel_result = kernel_check_report(report, console=output.err_console)
     except InputError as e:
-        fail_input(e)
-    if as_json:
+        output.error(e)
+    if output.is_json:
         d = report.to_dict()
         d.update(payload)
         if kernel_result is not None:
             d["kernel"] = kernel_result
         if repro is not None:
             d["reproduction"] = repro
-        emit_json(d)
-    elif not quiet:
+        output.json(d)
+    elif not output.is_quiet:
         render_report(report, payload, out)
         for rp in repro or []:
             if not rp.get("available"):
@@ -263,16 +256,17 @@ def rules_cmd(as_json: bool = typer.Option(False, "--json", help="The catalog as
     """
     from .registry import all_rules
 
+    output = Output.for_flags(as_json)
     rs = all_rules()
-    if as_json:
-        emit_json([{"code": r.code, "severity": r.severity, "title": r.title, "failure": r.failure,
+    if output.is_json:
+        output.json([{"code": r.code, "severity": r.severity, "title": r.title, "failure": r.failure,
                     "source": r.source, "scope": r.scope} for r in rs])
         return
     t = Table("code", "severity", "title", "crash class")
     for r in rs:
         t.add_row(r.code, r.severity, r.title, r.failure.split(":")[0])
-    out.print(t)
-    out.print("`validate-batch explain CODE` prints a rule's page.")
+    output.result(t)
+    output.result("`validate-batch explain CODE` prints a rule's page.")
 
 
 @app.command()
@@ -283,13 +277,13 @@ def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
     """
     from .registry import all_rules, get_rule
 
+    output = Output()
     r = get_rule(code)
     if r is None:
-        err.print(f"error: unknown rule code {code!r}; known: {', '.join(x.code for x in all_rules())}")
-        raise typer.Exit(EXIT_BAD_INPUT)
-    out.print(f"{r.code} - {r.title}  (severity: {r.severity})\n")
-    out.print(r.doc)
-    out.print(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+        output.fail(f"unknown rule code {code!r}; known: {', '.join(x.code for x in all_rules())}")
+    output.result(f"{r.code} - {r.title}  (severity: {r.severity})\n")
+    output.result(r.doc)
+    output.result(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
 
 
 @app.command()
@@ -300,16 +294,17 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSO
     """
     from .knowledge import gpu_by_name, gpu_names
 
+    output = Output.for_flags(as_json)
     gs = [gpu_by_name(n) for n in gpu_names()]
-    if as_json:
-        emit_json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
+    if output.is_json:
+        output.json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
         return
     t = Table("name", "SMs", "cc", "smem opt-in (B)", "max FlashMLA rows", "memory (GB)")
     for g in gs:
         mem = f"{g.memory_bytes / 1e9:.0f}" if g.memory_bytes else "-"
         t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str((g.smem_optin - 4) // 20), mem)
-    out.print(t)
-    out.print("Sources: validate-batch gpus --json (or rules/gpus.json).")
+    output.result(t)
+    output.result("Sources: validate-batch gpus --json (or rules/gpus.json).")
 
 
 @app.command()
@@ -320,10 +315,12 @@ def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as 
     """
     from .knowledge import load
 
+    output = Output.for_flags(as_json)
     data = load("engines")["profiles"]
-    if as_json:
-        emit_json(data)
+    if output.is_json:
+        output.json(data)
         return
+    out = output.console
     for name, prof in data.items():
         out.print(f"{name}: {prof['title']}")
         for v in prof["versions"]:
