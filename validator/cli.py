@@ -1,9 +1,11 @@
 """The ``validate-batch`` command line. Results go to stdout, diagnostics to stderr.
 
-Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field).
+Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field), 4 internal error (one line;
+``VALIDATE_BATCH_DEBUG=1`` adds the traceback). Kernel mode adds 3 (unavailable here).
 """
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
@@ -11,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .errors import InputError
-from .output import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
+from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
 
 app = typer.Typer(
     name="validate-batch",
@@ -29,7 +31,7 @@ app = typer.Typer(
         "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
         "* `validate-batch probe -q b -t '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
-        "Exit codes: 0 legal, 1 illegal, 2 bad input."
+        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
     ),
 )
 
@@ -337,8 +339,13 @@ cli_kernel.register(app)
 cli_bisect.register(app)
 
 
-def main() -> None:
-    app()
+def main(args: Optional[list[str]] = None) -> None:
+    """The ``validate-batch`` console script: exit codes 0-3 as above; an unexpected exception exits
+    4 with one line on stderr (``VALIDATE_BATCH_DEBUG=1`` adds the traceback)."""
+    try:
+        app(args=args)
+    except Exception as exc:  # noqa: BLE001 - the last resort: anything not handled above is a bug
+        sys.exit(Output().internal(exc))
 
 
 if __name__ == "__main__":

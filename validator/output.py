@@ -6,12 +6,15 @@ Modes:
 * ``json``: one compact JSON document per result on stdout;
 * ``quiet``: nothing on stdout; the exit code is the answer.
 
-Errors and progress go to stderr in every mode. Bad input exits 2 with one line naming the field.
+Errors and progress go to stderr in every mode. Exit codes shared by every command: 2 bad input
+(one line naming the field), 4 internal error (one line; the traceback with ``VALIDATE_BATCH_DEBUG=1``).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
+import traceback
 from typing import Any, Callable, NoReturn, Optional
 
 import typer
@@ -21,7 +24,9 @@ from .errors import InputError
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
 
+DEBUG_ENV = "VALIDATE_BATCH_DEBUG"
 MODES = ("human", "json", "quiet")
 
 
@@ -87,3 +92,16 @@ class Output:
     def error(self, e: InputError) -> NoReturn:
         """Bad input: one line on stderr naming the field (``error: FIELD: MESSAGE``), exit 2."""
         self.fail(str(e))
+
+    def internal(self, exc: BaseException) -> int:
+        """An unexpected exception: one line on stderr (its type and message, and where to report it),
+        the traceback before it when ``VALIDATE_BATCH_DEBUG`` is set; returns the exit code (4)."""
+        debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        if debug:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        message = " ".join(str(exc).split())
+        what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        hint = "" if debug else f"; {DEBUG_ENV}=1 shows the traceback"
+        print(f"internal error: {what} (a bug in validate-batch: please report it with the command and its input{hint})",
+              file=sys.stderr)
+        return EXIT_INTERNAL
