@@ -1,7 +1,8 @@
 """Shared fixtures: the H200 oracle (ground truth recorded from the real FlashMLA kernels) and GPUs.
 
-The oracle lives in ``shared/oracle/`` beside the checkout (``<repo>/../shared/oracle``). Tests that
-need it are skipped, with the path in the reason, when it is not there.
+The oracle lives in ``shared/oracle/`` beside the checkout (``<repo>/../shared/oracle``); a clean
+clone without it reads the copies in ``fixtures/oracle/``. A test that needs a file neither holds is
+skipped, with both paths in the reason.
 """
 from __future__ import annotations
 
@@ -11,11 +12,21 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-ORACLE_DIR = REPO_ROOT.parent / "shared" / "oracle"
+SHARED_ORACLE_DIR = REPO_ROOT.parent / "shared" / "oracle"
+FIXTURE_ORACLE_DIR = REPO_ROOT / "fixtures" / "oracle"
+ORACLE_DIRS = (SHARED_ORACLE_DIR, FIXTURE_ORACLE_DIR)       # first that holds a file wins
 
 CASES_FILE = "flashmla_h200_cases.jsonl"
 PROBES_FILE = "flashmla_h200_probes.jsonl"
 PREFILL_PROBES_FILE = "flashmla_h200_sparse_prefill_probes.jsonl"
+
+
+def oracle_path(name: str) -> Path:
+    """``name`` in ``shared/oracle`` when it is there, else in ``fixtures/oracle``; skips when neither has it."""
+    for d in ORACLE_DIRS:
+        if (d / name).is_file():
+            return d / name
+    pytest.skip(f"oracle file {name} not found in {' or '.join(map(str, ORACLE_DIRS))}")
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -25,10 +36,9 @@ def _read_jsonl(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def oracle_dir() -> Path:
-    """``shared/oracle`` beside the checkout; skips the test when it is absent."""
-    if not (ORACLE_DIR / CASES_FILE).is_file():
-        pytest.skip(f"oracle data not found at {ORACLE_DIR} (expected shared/oracle/ beside the checkout)")
-    return ORACLE_DIR
+    """The directory that holds the cases file: ``shared/oracle`` beside the checkout, else
+    ``fixtures/oracle``; skips the test when neither does."""
+    return oracle_path(CASES_FILE).parent
 
 
 @pytest.fixture(scope="session")
@@ -47,19 +57,13 @@ def oracle_cases(oracle_dir: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="session")
-def oracle_probes(oracle_dir: Path) -> list[dict]:
-    path = oracle_dir / PROBES_FILE
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return _read_jsonl(path)
+def oracle_probes() -> list[dict]:
+    return _read_jsonl(oracle_path(PROBES_FILE))
 
 
 @pytest.fixture(scope="session")
-def oracle_prefill_probes(oracle_dir: Path) -> list[dict]:
-    path = oracle_dir / PREFILL_PROBES_FILE
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
-    return _read_jsonl(path)
+def oracle_prefill_probes() -> list[dict]:
+    return _read_jsonl(oracle_path(PREFILL_PROBES_FILE))
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,9 @@ OPTIONAL = {
 LAZY_MODULES = {
     "validator.pytest_plugin": "pytest loads the plugin in every run; the package loads on first use",
 }
+# the CLI imports a command's heavier rooms when that command runs (each costs 20-45 ms of start-up)
+CLI_MODULES = ("validator.cli", "validator.cli_bisect", "validator.cli_kernel")
+CLI_LAZY = ("validator.bisect", "validator.ingest", "validator.kernel")
 
 
 def _modules() -> dict[str, Path]:
@@ -100,7 +103,8 @@ def test_no_private_names_across_modules():
 def test_function_level_imports_are_only_the_optional_ones():
     _, edges = _graph()
     bad = [f"{m}:{line} imports {t} inside a function" for m, es in edges.items() for t, _, nested, line in es
-           if nested and (m, t) not in OPTIONAL and m not in LAZY_MODULES]
+           if nested and (m, t) not in OPTIONAL and m not in LAZY_MODULES
+           and not (m in CLI_MODULES and t.startswith(CLI_LAZY))]
     assert not bad, "\n".join(bad)
 
 

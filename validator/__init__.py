@@ -10,9 +10,9 @@ Importable without torch. Main entry points::
     guard.verdict(schedule_batch)            # every step: LEGAL, or a verdict with the report and split
 """
 from .api import assert_legal, check, check_calls, plan
+from .errors import BatchIllegalError, InputError
 from .explain import explain
 from .guard import LEGAL, Checker, Headroom, Verdict
-from .errors import BatchIllegalError, InputError
 from .knowledge import GPU, resolve_gpu
 from .report import Finding, Report
 

@@ -37,6 +37,7 @@ from .errors import InputError
 from .fields import MAX_POSITION, MAX_TOKENS, column, ints_within
 from .names import SGLANG_MODE_METHODS, SGLANG_MODES
 
+
 def is_sglang_batch(obj: Any) -> bool:
     return hasattr(obj, "forward_mode") and hasattr(obj, "reqs")
 

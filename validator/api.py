@@ -7,8 +7,8 @@ from .batch import is_batch_like
 from .calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
 from .errors import BatchIllegalError, InputError
 from .knowledge import GPU, resolve_gpu
-from .plan import Plan, plan
 from .pipeline import check_batch
+from .plan import Plan, plan
 from .report import Finding, Report
 from .ruleset import run_rules
 

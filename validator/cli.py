@@ -1,19 +1,32 @@
 """The ``validate-batch`` command line. Results go to stdout, diagnostics to stderr.
 
-Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field).
+Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field), 4 internal error (one line;
+``VALIDATE_BATCH_DEBUG=1`` adds the traceback). Kernel mode adds 3 (unavailable here).
 """
 from __future__ import annotations
 
-import json
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from . import _accel, cli_bisect, cli_kernel
+from .api import check_plan
+from .calls import calls_from_records
 from .errors import InputError
+from .inputs import load_documents
+from .knowledge import gpu_by_name, gpu_names, load
+from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
+from .pipeline import check_batch_document
+from .plan import plan as make_plan
+from .quick import batch_doc_from_flags
+from .render import render_report
+from .render_findings import render_findings
+from .reproduce import reproduce_slot_findings
+from .ruleset import all_rules, get_rule
+from .session import check_documents, split_device_header
 
 app = typer.Typer(
     name="validate-batch",
@@ -31,21 +44,16 @@ app = typer.Typer(
         "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
         "* `validate-batch probe -q b -t '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
-        "Exit codes: 0 legal, 1 illegal, 2 bad input."
+        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
     ),
 )
 
-out = Console(highlight=False, soft_wrap=True, markup=False)
-err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-
-EXIT_LEGAL, EXIT_ILLEGAL, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_LEGAL, EXIT_ILLEGAL = 0, 1
 
 
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import PackageNotFoundError, version
-
-        from . import _accel
 
         try:
             v = version("validate-batch")
@@ -61,15 +69,6 @@ def _root(
                                       help="Print the version and whether the compiled helpers are in use, then exit."),
 ) -> None:
     """Is this batch legal for the attention kernels?"""
-
-
-def fail_input(e: InputError) -> None:
-    print(f"error: {e}", file=sys.stderr)
-    raise typer.Exit(EXIT_BAD_INPUT)
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
 
 
 GPU_HELP = "GPU profile name (H100-SXM, H800, H20, H200, B200, GB200, ...) or raw numbers 'num_sms=132,cc=9.0,smem_optin=232448'. Overrides a device header in the input."
@@ -93,6 +92,7 @@ def metadata(
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
     kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile (default: the newest in rules/flashmla.json)."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per call, in input order."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     reference: bool = typer.Option(False, "--reference", help="Compute with the plain reference loop instead of the fast path."),
     rows: int = typer.Option(16, "--rows", help="Human mode: partitions shown per call (the rest are counted, never dropped silently)."),
 ):
@@ -104,13 +104,8 @@ def metadata(
 
     * `echo '{"kind":"dense","b":4,"s_q":2,"h_q":128,"seqlens":[10,0,100,7]}' | validate-batch metadata -`
     """
-    from .api import check_plan
-    from .render import render_findings
-    from .calls import calls_from_records
-    from .inputs import load_documents
-    from .plan import plan as make_plan
-    from .session import split_device_header
-
+    output = Output.for_flags(as_json, quiet)
+    out = output.console
     try:
         docs, g = split_device_header(load_documents(file), gpu)
         if not docs:
@@ -118,15 +113,17 @@ def metadata(
         calls = calls_from_records(docs)
         plans = [make_plan(c, g, kernel) for c in calls]
     except InputError as e:
-        fail_input(e)
+        output.error(e)
     any_illegal = False
     for i, p in enumerate(plans):
         findings = check_plan(p)
         legal = not any(f.is_error for f in findings)
         any_illegal |= not legal
+        if output.is_quiet:
+            continue
         sch = p.reference_schedule() if reference else p.schedule
-        if as_json:
-            emit_json({
+        if output.is_json:
+            output.json({
                 "index": i,
                 "implementation": p.implementation.name if p.implementation else None,
                 "num_sm_parts": p.num_sm_parts,
@@ -204,14 +201,10 @@ def check(
 
     * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
     """
-    from .render import render_report
-    from .session import check_documents
-
+    output = Output.for_flags(as_json, quiet)
+    out = output.console
     try:
         if engine is not None:
-            from .pipeline import check_batch_document
-            from .quick import batch_doc_from_flags
-
             doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu)
             report, payload = check_batch_document(doc, gpu=gpu, kernel=kernel)
         else:
@@ -222,25 +215,23 @@ def check(
             report, payload = check_documents(file, gpu, kernel)
         repro = None
         if reproduce:
-            from .reproduce import reproduce_slot_findings
-
             repro = reproduce_slot_findings(report)
         kernel_result = None
         if run_kernel:
             from .kernel.check import kernel_check_report
 
-            kernel_result = kernel_check_report(report, console=err)
+            kernel_result = kernel_check_report(report, console=output.err_console)
     except InputError as e:
-        fail_input(e)
-    if as_json:
+        output.error(e)
+    if output.is_json:
         d = report.to_dict()
         d.update(payload)
         if kernel_result is not None:
             d["kernel"] = kernel_result
         if repro is not None:
             d["reproduction"] = repro
-        emit_json(d)
-    elif not quiet:
+        output.json(d)
+    elif not output.is_quiet:
         render_report(report, payload, out)
         for rp in repro or []:
             if not rp.get("available"):
@@ -261,18 +252,17 @@ def rules_cmd(as_json: bool = typer.Option(False, "--json", help="The catalog as
 
     Example: `validate-batch rules`
     """
-    from .registry import all_rules
-
+    output = Output.for_flags(as_json)
     rs = all_rules()
-    if as_json:
-        emit_json([{"code": r.code, "severity": r.severity, "title": r.title, "failure": r.failure,
+    if output.is_json:
+        output.json([{"code": r.code, "severity": r.severity, "title": r.title, "failure": r.failure,
                     "source": r.source, "scope": r.scope} for r in rs])
         return
     t = Table("code", "severity", "title", "crash class")
     for r in rs:
         t.add_row(r.code, r.severity, r.title, r.failure.split(":")[0])
-    out.print(t)
-    out.print("`validate-batch explain CODE` prints a rule's page.")
+    output.result(t)
+    output.result("`validate-batch explain CODE` prints a rule's page.")
 
 
 @app.command()
@@ -281,15 +271,13 @@ def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
 
     Example: `validate-batch explain FMLA001`
     """
-    from .registry import all_rules, get_rule
-
+    output = Output()
     r = get_rule(code)
     if r is None:
-        err.print(f"error: unknown rule code {code!r}; known: {', '.join(x.code for x in all_rules())}")
-        raise typer.Exit(EXIT_BAD_INPUT)
-    out.print(f"{r.code} - {r.title}  (severity: {r.severity})\n")
-    out.print(r.doc)
-    out.print(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+        output.fail(f"unknown rule code {code!r}; known: {', '.join(x.code for x in all_rules())}")
+    output.result(f"{r.code} - {r.title}  (severity: {r.severity})\n")
+    output.result(r.doc)
+    output.result(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
 
 
 @app.command()
@@ -298,18 +286,17 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSO
 
     Example: `validate-batch gpus`; then `validate-batch check --gpu H20 FILE`.
     """
-    from .knowledge import gpu_by_name, gpu_names
-
+    output = Output.for_flags(as_json)
     gs = [gpu_by_name(n) for n in gpu_names()]
-    if as_json:
-        emit_json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
+    if output.is_json:
+        output.json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
         return
     t = Table("name", "SMs", "cc", "smem opt-in (B)", "max FlashMLA rows", "memory (GB)")
     for g in gs:
         mem = f"{g.memory_bytes / 1e9:.0f}" if g.memory_bytes else "-"
         t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str((g.smem_optin - 4) // 20), mem)
-    out.print(t)
-    out.print("Sources: validate-batch gpus --json (or rules/gpus.json).")
+    output.result(t)
+    output.result("Sources: validate-batch gpus --json (or rules/gpus.json).")
 
 
 @app.command()
@@ -318,12 +305,12 @@ def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as 
 
     Example: `validate-batch engines`; then `engine: sglang-dsv4@post-25418` in a batch file.
     """
-    from .knowledge import load
-
+    output = Output.for_flags(as_json)
     data = load("engines")["profiles"]
-    if as_json:
-        emit_json(data)
+    if output.is_json:
+        output.json(data)
         return
+    out = output.console
     for name, prof in data.items():
         out.print(f"{name}: {prof['title']}")
         for v in prof["versions"]:
@@ -334,14 +321,18 @@ def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as 
 
 
 # Subcommands defined next to the code they drive.
-from . import cli_bisect, cli_kernel  # noqa: E402
 
 cli_kernel.register(app)
 cli_bisect.register(app)
 
 
-def main() -> None:
-    app()
+def main(args: Optional[list[str]] = None) -> None:
+    """The ``validate-batch`` console script: exit codes 0-3 as above; an unexpected exception exits
+    4 with one line on stderr (``VALIDATE_BATCH_DEBUG=1`` adds the traceback)."""
+    try:
+        app(args=args)
+    except Exception as exc:  # noqa: BLE001 - the last resort: anything not handled above is a bug
+        sys.exit(Output().internal(exc))
 
 
 if __name__ == "__main__":

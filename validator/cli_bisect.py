@@ -2,16 +2,18 @@
 that crashed, the rule that explains it, the boundary, and the settings that prevent it."""
 from __future__ import annotations
 
-import sys
 from typing import List, Optional
 
 import typer
 
+from .batch import parse_engine
 from .errors import InputError
+from .knowledge import resolve_gpu
 from .names import SUMMARY_SETTINGS
+from .output import EXIT_BAD_INPUT, Output  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
 from .split_text import split_summary
 
-EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED = 0, 1
 
 HELP = """Find the step that crashed an engine, the rule that explains it, and the boundary.
 
@@ -33,7 +35,7 @@ Examples:
 * `validate-batch bisect --dump crash_dump_2026-04-28_10-12-05.pkl --launch "sglang serve ..."`
 
 Exit codes: 1 a crashing step breaks a rule (the crash is explained), 0 nothing illegal found,
-2 bad input (one line naming the field or line).
+2 bad input (one line naming the field or line), 4 internal error.
 """
 
 
@@ -56,26 +58,21 @@ def register(app) -> None:
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
         run_kernel: bool = typer.Option(False, "--kernel", help="Also run the crashing step's FlashMLA calls on a GPU (kernel mode)."),
     ):
-        from rich.console import Console
-
         from .bisect import BisectOptions, diagnose
         from .ingest import build_config, read_inputs
 
-        err_console = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
+        output = Output.for_flags(as_json, quiet)
+        err_console = output.err_console
         try:
             if log is None and dump is None:
                 raise InputError("LOG", "give a log file, '-' for stdin, or --dump FILE")
             if gpu:
-                from .knowledge import resolve_gpu
-
                 resolve_gpu(gpu)
             if sglang_version:
                 from .ingest.sglang_log import parse_version
 
                 parse_version(sglang_version)
             for e in engine:
-                from .batch import parse_engine
-
                 parse_engine(e)
             show = not (no_progress or quiet or as_json) and err_console.is_terminal
             evidence, cdump = read_inputs(log, dump, trust_pickle, window, err_console if show else None)
@@ -84,14 +81,11 @@ def register(app) -> None:
                                  err_console if not quiet else None)
             diag = diagnose(evidence, cfg, cdump, opts)
         except InputError as e:
-            print(f"error: {e}", file=sys.stderr)
-            raise typer.Exit(EXIT_BAD_INPUT)
-        if as_json:
-            import json
-
-            sys.stdout.write(json.dumps(diag.to_dict(), separators=(",", ":"), default=str) + "\n")
-        elif not quiet:
-            render_diagnosis(diag, Console(highlight=False, soft_wrap=True, markup=False))
+            output.error(e)
+        if output.is_json:
+            output.json(diag.to_dict(), default=str)
+        elif not output.is_quiet:
+            render_diagnosis(diag, output.console)
         raise typer.Exit(EXIT_EXPLAINED if diag.explained is not None else EXIT_NOTHING_ILLEGAL)
 
 

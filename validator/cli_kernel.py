@@ -5,17 +5,20 @@ prints the measurement next to the model's prediction. Results on stdout, progre
 
 Exit codes: 0 the kernel agrees with the model (``probe-slot``: the write ran), 1 a disagreement
 (``probe-slot``: the write failed), 2 bad input, 3 kernel mode unavailable here (no torch, CUDA GPU
-or FlashMLA build).
+or FlashMLA build), 4 internal error.
 """
 from __future__ import annotations
 
 import json
-import sys
 from typing import Optional
 
 import typer
 
-EXIT_AGREE, EXIT_DISAGREE, EXIT_BAD_INPUT, EXIT_UNAVAILABLE = 0, 1, 2, 3
+from .errors import InputError
+from .output import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, Output  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
+from .session import check_documents
+
+EXIT_AGREE, EXIT_DISAGREE = 0, 1
 
 TIMEOUT_HELP = "Seconds each child process may run before its process group is killed (outcome 'timeout')."
 JOBS_HELP = "Child processes run at once (each needs its own GPU memory; 1 = one after another)."
@@ -29,23 +32,6 @@ def _child(python: Optional[str], backend: Optional[str]):
 
     spec = ChildSpec()
     return ChildSpec(python=python or spec.python, backend=backend)
-
-
-def _consoles():
-    from rich.console import Console
-
-    out = Console(highlight=False, soft_wrap=True, markup=False)
-    err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False)
-    return out, err
-
-
-def _emit_json(obj) -> None:
-    sys.stdout.write(json.dumps(obj, separators=(",", ":")) + "\n")
-
-
-def _fail_input(e) -> None:
-    print(f"error: {e}", file=sys.stderr)
-    raise typer.Exit(EXIT_BAD_INPUT)
 
 
 def kernel_check_cmd(
@@ -74,11 +60,8 @@ def kernel_check_cmd(
 
     * `echo '{"kind":"sparse","b":12288,"s_q":1,"h_q":64,"d_qk":512,"topk":512}' | validate-batch kernel-check -`
     """
-    from .errors import InputError
     from .kernel.check import kernel_check_report, render_kernel_result
-    from .session import check_documents
-
-    out, err = _consoles()
+    output = Output.for_flags(as_json)
     try:
         report, _payload = check_documents(file, gpu, None)
         if limit is not None:
@@ -94,13 +77,13 @@ def kernel_check_cmd(
         if timeout <= 0:
             raise InputError("--timeout", f"expected > 0 seconds, got {timeout}")
     except InputError as e:
-        _fail_input(e)
-    result = kernel_check_report(report, err, provider=provider, timeout=timeout, max_parallel=jobs,
+        output.error(e)
+    result = kernel_check_report(report, output.err_console, provider=provider, timeout=timeout, max_parallel=jobs,
                                  child=_child(python, backend))
-    if as_json:
-        _emit_json(result)
+    if output.is_json:
+        output.json(result)
     else:
-        render_kernel_result(result, out)
+        render_kernel_result(result, output.console)
     if not result.get("available"):
         raise typer.Exit(EXIT_UNAVAILABLE)
     raise typer.Exit(EXIT_AGREE if result.get("agreement") else EXIT_DISAGREE)
@@ -182,12 +165,12 @@ def probe_cmd(
 
     * `validate-batch probe -q b -t '{"kind":"sparse","s_q":8,"h_q":128,"d_qk":512,"topk":2048}' --hi 8192 -j 4`
     """
-    from .errors import InputError
     from .kernel.probe import probe_boundary
 
-    out, err = _consoles()
+    output = Output.for_flags(as_json)
+    err = output.err_console
     if jobs < 1:
-        _fail_input(InputError("--jobs", f"expected >= 1, got {jobs}"))
+        output.error(InputError("--jobs", f"expected >= 1, got {jobs}"))
 
     def progress(p) -> None:
         err.print(f"probe {quantity}={p.value}: {p.outcome} (model: {p.model_verdict}"
@@ -197,11 +180,11 @@ def probe_cmd(
         res = probe_boundary(template, quantity, lo, hi, gpu=gpu, provider=provider, timeout=timeout,
                              max_parallel=jobs, child=_child(python, backend), progress=progress)
     except InputError as e:
-        _fail_input(e)
-    if as_json:
-        _emit_json(res)
+        output.error(e)
+    if output.is_json:
+        output.json(res)
     else:
-        _render_probe(res, out)
+        _render_probe(res, output.console)
     if not res["measured"].get("available"):
         raise typer.Exit(EXIT_UNAVAILABLE)
     raise typer.Exit(EXIT_AGREE if res.get("agree") else EXIT_DISAGREE)
@@ -224,16 +207,16 @@ def probe_slot_cmd(
 
     Example: `validate-batch probe-slot --rows 33 --slot 96 --width 4`
     """
-    from .errors import InputError
     from .kernel.slots import probe_slot_index
 
-    out, _err = _consoles()
+    output = Output.for_flags(as_json)
+    out = output.console
     try:
         res = probe_slot_index(rows, width, slot, device=device, timeout=timeout, child=_child(python, backend))
     except InputError as e:
-        _fail_input(e)
-    if as_json:
-        _emit_json(res)
+        output.error(e)
+    if output.is_json:
+        output.json(res)
     else:
         where = "in bounds" if res["in_bounds"] else "OUT OF BOUNDS"
         out.print(f"slot {slot} of a [{rows}, {width}, 128] bf16 buffer ({where})")

@@ -32,8 +32,18 @@ from .bounds import derive_bounds
 from .calls import MAX_ROWS
 from .errors import BatchIllegalError, InputError
 from .evaluate import engine_setup
-from .fields import (MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, bad_element, column, int_arg, ints_within, top,
-                     top_within, total)
+from .fields import (
+    MAX_POSITION,
+    MAX_REQUESTS,
+    MAX_TOKENS,
+    bad_element,
+    column,
+    int_arg,
+    ints_within,
+    top,
+    top_within,
+    total,
+)
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .names import BATCH_SETTINGS, normalize_setting, parse_mode
@@ -41,6 +51,7 @@ from .pipeline import check_engine_batch
 from .report import Report
 from .ruleset import STATE as RULES
 from .schedule import WalkMemo
+
 
 class Verdict:
     """The answer of :meth:`Checker.verdict`: truthy when the step is legal.

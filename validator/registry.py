@@ -28,7 +28,6 @@ from typing import Callable, Iterable
 from .knowledge import load
 from .report import Finding
 
-
 #: what a rule may read: the configuration alone; the forward's query rows (and its mode and
 #: routing); the largest request slot; the scheduler's output; the per-row cache lengths of a
 #: call; anything else about the step's requests

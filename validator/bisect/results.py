@@ -10,6 +10,7 @@ from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
 from ..ingest.sglang_log import Step
 
+
 @dataclass
 class Boundary:
     """Where the checker's verdict flips for the quantity that varies."""

@@ -18,8 +18,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 from ..errors import InputError
 from .crash_lines import ErrorEvent, classify_error
 from .launch import DP_CHUNK_WARNING, EngineConfig, find_launch, parse_launch, server_args_from_line
-from .sglang_log import (Era, LineParseError, Step, looks_like_batch_line, parse_batch_line,
-                         parse_prefix)
+from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
 from .vllm_dump import MARKER as VLLM_MARKER
 from .vllm_dump import VllmStep, parse_scheduler_output
 
