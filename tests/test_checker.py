@@ -407,10 +407,11 @@ def test_verdict_and_check_accept_batches_and_documents(pre):
 def test_step_plans_equal_planning_each_call_from_scratch(gpu, kernel, h_q, extra):
     # The per-step path reuses a call shape's implementation and partitions; planning the same call
     # from scratch must give the same plan.
-    from validator.calls import DecodeCall
-    from validator.profiles.dsv4 import _shape_plan, step_plan as _decode_plan
+    from validator.flashmla.calls import DecodeCall
+    from validator.flashmla.plan import plan
     from validator.knowledge import resolve_gpu
-    from validator.plan import plan
+    from validator.profiles.dsv4 import _shape_plan
+    from validator.profiles.dsv4 import step_plan as _decode_plan
 
     g = resolve_gpu(gpu)
     rng = np.random.default_rng(7)

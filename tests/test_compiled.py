@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from validator import _accel
-from validator.schedule import _walk_prefix, block_counts, schedule_reference
+from validator.flashmla.schedule import _walk_prefix, block_counts, schedule_reference
 
 compiled = _accel.compiled
 needs_compiled = pytest.mark.skipif(compiled is None, reason=f"compiled helpers {_accel.reason}")
@@ -197,7 +197,7 @@ def test_int_column_arguments():
 
 @needs_compiled
 def test_schedules_from_any_integer_input_equal_the_reference():
-    from validator.schedule import schedule_fast
+    from validator.flashmla.schedule import schedule_fast
 
     s = np.arange(0, 4000, 7, dtype=np.int64)
     ref = schedule_reference(s, 33, 5)

@@ -14,11 +14,10 @@ import pytest
 
 from validator import knowledge
 from validator.api import check_calls
-from validator.kernel import providers
-from validator.kernel import torch_backend
+from validator.flashmla.plan import plan
+from validator.kernel import providers, torch_backend
 from validator.kernel.outcome import RunResult
 from validator.kernel.runner import ChildSpec
-from validator.plan import plan
 
 DEFAULT = "flashmla-9241ae3"
 OCT2025 = "flashmla-1408756"
@@ -311,7 +310,7 @@ def test_kernel_detection_archs_are_the_implementations(data, monkeypatch):
 
 def test_kernel_inputs_use_the_layout_bytes_per_token(data, monkeypatch):
     torch = pytest.importorskip("torch")
-    from validator.calls import call_from_record
+    from validator.flashmla.calls import call_from_record
     call = call_from_record(sparse(b=1))
     assert torch_backend.build_sparse_inputs(torch, call, "cpu")["k_cache"].shape[-1] == 584
     data["shared"]["kv_layouts"]["512"]["bytes_per_token"] = 600

@@ -18,8 +18,13 @@ from dataclasses import dataclass, field
 import pytest
 
 from validator.errors import InputError
-from validator.ingest.crash_dump import (RestrictedUnpickler, StandIn, UnsafePickleError, read_crash_dump,
-                                         restricted_loads)
+from validator.ingest.crash_dump import (
+    RestrictedUnpickler,
+    StandIn,
+    UnsafePickleError,
+    read_crash_dump,
+    restricted_loads,
+)
 
 
 # ----------------------------------------------------------------------------- malicious pickles

@@ -9,8 +9,13 @@ from __future__ import annotations
 import pytest
 
 from validator.ingest.scan import scan_lines
-from validator.ingest.sglang_log import (LineParseError, after_forward_for_version, parse_batch_line,
-                                         parse_prefix, parse_version)
+from validator.ingest.sglang_log import (
+    LineParseError,
+    after_forward_for_version,
+    parse_batch_line,
+    parse_prefix,
+    parse_version,
+)
 
 # (release, line, kind, expected fields subset, prefill printed after its forward?)
 ERA_LINES = [

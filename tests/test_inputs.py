@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from validator.calls import DecodeCall, SparsePrefillCall, call_from_record, calls_from_records, int_vector
 from validator.errors import InputError
+from validator.flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record, calls_from_records, int_vector
 from validator.inputs import is_device_header, parse_documents
 from validator.knowledge import gpu_from_fields, resolve_gpu
 

@@ -10,10 +10,24 @@ import signal
 import numpy as np
 import pytest
 
-from validator.kernel.check import agreement, diff_metadata, failure_class, failure_matches, ModelView
-from validator.kernel.outcome import (RESULT_PREFIX, STAGE_PREFIX, PARTIAL_PREFIX, classify, find_cuda_error,
-                                      parse_child_stdout)
-from validator.kernel.probe import ModelScan, bisect, non_monotonic_pairs, scan_model, spaced_points, Probe, template_record
+from validator.kernel.check import ModelView, agreement, diff_metadata, failure_class, failure_matches
+from validator.kernel.outcome import (
+    PARTIAL_PREFIX,
+    RESULT_PREFIX,
+    STAGE_PREFIX,
+    classify,
+    find_cuda_error,
+    parse_child_stdout,
+)
+from validator.kernel.probe import (
+    ModelScan,
+    Probe,
+    bisect,
+    non_monotonic_pairs,
+    scan_model,
+    spaced_points,
+    template_record,
+)
 from validator.kernel.providers import Param, api_from_source, classify_api
 
 SCHED_LINE = ("CUDA error (/build/FlashMLA/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:111): "

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from validator.api import check_calls
 from validator.cli import app
+from validator.flashmla.plan import plan
 from validator.knowledge import resolve_gpu
-from validator.plan import plan
 
 
 def _expected(rec: dict) -> tuple[list[list[int]], list[int]]:

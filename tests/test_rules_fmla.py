@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from validator.api import check_calls
-from validator.plan import plan
+from validator.flashmla.plan import plan
 
 INT32_MAX = 2**31 - 1
 H200_SMEM = 232448           # shared_memory_per_block_optin measured on the H200

@@ -2,8 +2,8 @@
 
 Besides reference-vs-fast equivalence, every call is also checked against a third model written
 here from the algorithm in the facts (section 3), with its own effective-length and num_sm_parts
-arithmetic, so that a bug shared by both implementations in ``validator/schedule.py`` or in
-``validator/plan.py`` still shows up. Bit-exactness against the real kernel is in test_oracle.py.
+arithmetic, so that a bug shared by both implementations in ``validator/flashmla/schedule.py`` or in
+``validator/flashmla/plan.py`` still shows up. Bit-exactness against the real kernel is in test_oracle.py.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from validator.plan import plan
-from validator.schedule import Schedule, schedule_fast, schedule_reference
+from validator.flashmla.plan import plan
+from validator.flashmla.schedule import Schedule, schedule_fast, schedule_reference
 
 # every test here runs on the pure-Python paths and on the compiled helpers
 pytestmark = pytest.mark.usefixtures("impl")

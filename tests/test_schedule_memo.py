@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import validator
-from validator.schedule import WalkMemo, schedule_memo, schedule_reference
+from validator.flashmla.schedule import WalkMemo, schedule_memo, schedule_reference
 
 
 def assert_same_as_reference(sch, s, P, F, block, what):

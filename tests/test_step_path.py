@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from validator import Checker, InputError
-from validator.calls import DecodeCall
 from validator.evaluate import plan_batch
+from validator.flashmla.calls import DecodeCall
+from validator.flashmla.plan import effective_lengths, plan
 from validator.knowledge import resolve_gpu
-from validator.plan import effective_lengths, plan
 from validator.registry import rules_for, run_rules, shape_rules
 
 # every test here runs on the pure-Python paths and on the compiled helpers
@@ -243,7 +243,7 @@ def test_derived_plans_set_every_plan_and_call_field():
     # derived plans and calls are built field by field (no __init__): none may be missing
     import dataclasses
 
-    from validator.plan import Plan
+    from validator.flashmla.plan import Plan
 
     chk = Checker(engine=PRE, gpu="H200")
     for batch in (chk.batch("decode", seq_lens=[5, 900]), chk.batch("decode", seq_lens=[5] * 12000)):

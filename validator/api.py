@@ -4,11 +4,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .batch import is_batch_like
-from .calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
 from .errors import BatchIllegalError, InputError
+from .flashmla.calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
+from .flashmla.plan import Plan, plan
 from .knowledge import GPU, resolve_gpu
 from .pipeline import check_batch
-from .plan import Plan, plan
 from .report import Finding, Report
 from .ruleset import run_rules
 

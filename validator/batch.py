@@ -21,9 +21,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .calls import MAX_ROWS
 from .errors import InputError
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
+from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, load, resolve_gpu
 from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, normalize_setting
 

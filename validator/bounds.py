@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .batch import Batch, RequestColumns
-from .calls import MAX_ROWS
 from .evaluate import EngineSetup, evaluate
+from .flashmla.calls import MAX_ROWS
 from .names import ROUTABLE_MODES
 from .ruleset import all_rules, generation
 from .search import largest_legal

@@ -14,13 +14,13 @@ from rich.table import Table
 
 from . import _accel, cli_bisect, cli_kernel
 from .api import check_plan
-from .calls import calls_from_records
 from .errors import InputError
+from .flashmla.calls import calls_from_records
+from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
 from .knowledge import gpu_by_name, gpu_names, load
 from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
-from .plan import plan as make_plan
 from .quick import batch_doc_from_flags
 from .render import render_report
 from .render_findings import render_findings

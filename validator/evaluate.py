@@ -59,7 +59,7 @@ def engine_setup(batch: Batch, kernel: str | None = None) -> EngineSetup:
 
 def plan_batch(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None) -> BatchPlan:
     """Derive every kernel call and slot buffer of the forward. ``memo``: a
-    :class:`~validator.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own);
+    :class:`~validator.flashmla.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own);
     ``setup``: :func:`engine_setup` of this batch's configuration, when the caller keeps it."""
     if setup is None:
         setup = engine_setup(batch, kernel)

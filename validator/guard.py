@@ -29,7 +29,6 @@ import numpy as np
 from . import adapters
 from .batch import Batch, RequestColumns, batch_from_dict, default_profile, is_batch_document
 from .bounds import derive_bounds
-from .calls import MAX_ROWS
 from .errors import BatchIllegalError, InputError
 from .evaluate import engine_setup
 from .fields import (
@@ -44,13 +43,14 @@ from .fields import (
     top_within,
     total,
 )
+from .flashmla.calls import MAX_ROWS
+from .flashmla.schedule import WalkMemo
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .names import BATCH_SETTINGS, normalize_setting, parse_mode
 from .pipeline import check_engine_batch
 from .report import Report
 from .ruleset import STATE as RULES
-from .schedule import WalkMemo
 
 
 class Verdict:

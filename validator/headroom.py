@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .adapters import step_lists
-from .calls import MAX_ROWS
 from .errors import InputError
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, column, count, int_arg
+from .flashmla.calls import MAX_ROWS
 from .names import ROUTABLE_MODES, parse_mode
 from .search import largest_legal
 

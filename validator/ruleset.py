@@ -5,9 +5,22 @@ module imports them, so nothing runs in a circle).
 """
 from __future__ import annotations
 
-from . import rules_engine, rules_fmla  # noqa: F401  (registration)
-from .registry import (QUANTITIES, REGISTRY, STATE, Rule, all_rules, generation, get_rule, rule, rules_for, run_rules,
-                       shape_rules, unregister)
+from .flashmla import rules as _flashmla_rules  # noqa: F401  (registration)
+from .profiles import rules as _engine_rules  # noqa: F401  (registration)
+from .registry import (
+                       QUANTITIES,
+                       REGISTRY,
+                       STATE,
+                       Rule,
+                       all_rules,
+                       generation,
+                       get_rule,
+                       rule,
+                       rules_for,
+                       run_rules,
+                       shape_rules,
+                       unregister,
+)
 
 __all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
            "shape_rules", "unregister"]

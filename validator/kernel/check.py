@@ -14,11 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..api import check_plan
-from ..calls import DecodeCall, SparsePrefillCall
 from ..errors import InputError
+from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..flashmla.plan import Plan
+from ..flashmla.plan import plan as make_plan
 from ..knowledge import GPU
-from ..plan import Plan
-from ..plan import plan as make_plan
 from .outcome import RunResult
 from .providers import Detection, Provider, detect
 from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs

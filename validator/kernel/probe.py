@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from ..api import check_plan
-from ..calls import call_from_record
 from ..errors import InputError
+from ..flashmla.calls import call_from_record
+from ..flashmla.plan import plan as make_plan
 from ..knowledge import resolve_gpu
-from ..plan import plan as make_plan
 from .check import call_record, gpu_from_device
 from .outcome import RunResult
 from .providers import detect

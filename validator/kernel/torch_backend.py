@@ -18,7 +18,7 @@ import importlib
 import inspect
 import time
 
-from ..calls import DecodeCall, SparsePrefillCall, call_from_record
+from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..knowledge import generation
 from .outcome import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api

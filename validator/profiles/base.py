@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..batch import Batch
-from ..calls import DecodeCall, SparsePrefillCall
-from ..plan import Plan
+from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..flashmla.plan import Plan
 
 
 @dataclass

@@ -12,12 +12,12 @@ from functools import lru_cache
 import numpy as np
 
 from ..batch import Batch, request_arrays, request_contexts
-from ..calls import DecodeCall, SparsePrefillCall
 from ..fields import min_max, positive_int
+from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..flashmla.plan import Plan, plan
 from ..forward import draft_tokens, forward_rows
 from ..knowledge import load
 from ..names import ROUTABLE_MODES
-from ..plan import Plan, plan
 from ..ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..knowledge import GPU, generation, resolve_gpu
 from .calls import DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
-from .knowledge import GPU, generation, resolve_gpu
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_memo, schedule_reference
 
 
@@ -212,7 +212,7 @@ class Plan:
 
         With a ``memo`` (a :class:`validator.Checker` passes its own), the walk of a non-uniform
         schedule is reused from an earlier step with the same block counts
-        (see :class:`~validator.schedule.WalkMemo`): the result is the same.
+        (see :class:`~validator.flashmla.schedule.WalkMemo`): the result is the same.
         """
         if not self.scheduler_runs:
             return None

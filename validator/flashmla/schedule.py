@@ -44,7 +44,7 @@ from itertools import accumulate
 
 import numpy as np
 
-from . import _accel
+from .. import _accel
 
 
 @dataclass(frozen=True)

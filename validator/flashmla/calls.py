@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 INT32_MAX = 2**31 - 1
 # Sizes beyond these are not batches any GPU could hold; they are rejected as input errors before

@@ -1,10 +1,10 @@
 """FMLA0xx: limits of FlashMLA's decode and sparse-prefill kernels. Each rule reads one call's Plan."""
 from __future__ import annotations
 
+from ..knowledge import path_archs, sm_list, sm_name
+from ..registry import rule
 from .calls import DecodeCall, SparsePrefillCall
-from .knowledge import path_archs, sm_list, sm_name
 from .plan import Plan
-from .registry import rule
 
 
 def _int_max(bits: int) -> int:

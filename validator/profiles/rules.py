@@ -1,7 +1,7 @@
 """SGL0xx (engine routing) and SLOT0xx (request slots): rules over a BatchPlan."""
 from __future__ import annotations
 
-from .registry import rule
+from ..registry import rule
 
 
 def _slot_reqs(bp):
