@@ -14,6 +14,7 @@ import pytest
 
 import validator.bisect.data as bdata
 import validator.bisect.docs as bdocs
+import validator.profiles.slots as slots_profile
 from validator.bisect import BisectOptions, Builder, choose_profile, diagnose, server_args, versions_to_try
 from validator.ingest import build_config, read_inputs
 from validator.ingest.launch import EngineConfig
@@ -41,6 +42,7 @@ def patch_data(monkeypatch):
         return d
 
     monkeypatch.setattr(bdata, "load", fake_load)
+    monkeypatch.setattr(slots_profile, "load", fake_load)     # the PD extra-slot default is the profile's
 
     def patch(name, edit):
         edits[name] = edit

@@ -35,20 +35,35 @@ def bad_element(v, ok) -> int:
     return next(i for i, x in enumerate(v) if not ok(x))
 
 
+def field_name(where: str, key: str) -> str:
+    """``where.key`` (or ``key`` at the top level)."""
+    return f"{where}.{key}" if where else key
+
+
 def int_field(d: Mapping, key: str, where: str, lo: int, hi: int, default: Any = ...) -> Any:
-    """``d[key]`` as an integer in ``lo..hi``; ``default`` when absent or None (``...``: required)."""
-    name = f"{where}.{key}" if where else key
+    """``d[key]`` as an integer in ``lo..hi`` (numpy integers too); ``default`` when absent or None
+    (``...``: required)."""
+    name = field_name(where, key)
     if key not in d or d[key] is None:
         if default is ...:
             raise InputError(name, "missing")
         return default
     v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
         raise InputError(name, f"expected an integer, got {v!r}")
+    v = int(v)
     if v < lo:
         raise InputError(name, f"expected >= {lo}, got {v}")
     if v > hi:
         raise InputError(name, f"{v} is absurd (expected <= {hi})")
+    return v
+
+
+def bool_field(d: Mapping, key: str, where: str, default: bool) -> bool:
+    """``d[key]`` as true or false (``default`` when absent)."""
+    v = d.get(key, default)
+    if not isinstance(v, bool):
+        raise InputError(field_name(where, key), f"expected true or false, got {v!r}")
     return v
 
 

@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from .errors import InputError
+from .fields import int_field
 
 
 @lru_cache(maxsize=None)
@@ -57,21 +58,10 @@ def gpu_by_name(name: str) -> GPU:
     raise InputError("gpu", f"unknown GPU {name!r}; known: {', '.join(table)} (or give num_sms, cc and smem_optin)")
 
 
-def _int_field(d: Mapping[str, Any], key: str, field: str, lo: int, hi: int) -> int:
-    if key not in d:
-        raise InputError(f"{field}.{key}" if field else key, "missing")
-    v = d[key]
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise InputError(f"{field}.{key}" if field else key, f"expected an integer, got {v!r}")
-    if not lo <= v <= hi:
-        raise InputError(f"{field}.{key}" if field else key, f"expected {lo}..{hi}, got {v}")
-    return v
-
-
 def gpu_from_fields(d: Mapping[str, Any], field: str = "gpu") -> GPU:
     """Build a GPU from raw numbers: ``num_sms``, ``cc`` ([major, minor] or "9.0") and ``smem_optin``."""
-    num_sms = _int_field(d, "num_sms", field, 1, 4096)
-    smem = _int_field(d, "smem_optin", field, 1, 16 * 1024 * 1024)
+    num_sms = int_field(d, "num_sms", field, 1, 4096)
+    smem = int_field(d, "smem_optin", field, 1, 16 * 1024 * 1024)
     if "cc" not in d:
         raise InputError(f"{field}.cc", "missing (compute capability, e.g. [9, 0] or \"9.0\")")
     cc = d["cc"]

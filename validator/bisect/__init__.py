@@ -15,7 +15,7 @@ Modules, down the flow: ``results`` (what is found) <- ``boundary`` (the checker
 """
 from .boundary import MAX_VALUE, BisectChecker, error_codes, find_boundary
 from .builder import Builder, running_len
-from .data import default_max_prefill_tokens, era_releases, extra_slots_default, in_model_family
+from .data import default_max_prefill_tokens, era_releases, in_model_family
 from .diagnose import BisectOptions, diagnose
 from .docs import MAX_SYNTH_REQUESTS, decode_doc, prefill_doc, server_args, spec_tokens
 from .evaluate import add_headroom, evaluate
@@ -27,5 +27,4 @@ from .results import Boundary, Candidate, Diagnosis
 __all__ = ["diagnose", "BisectOptions", "Diagnosis", "Candidate", "Boundary", "BisectChecker", "find_boundary",
            "error_codes", "MAX_VALUE", "Builder", "running_len", "prefill_doc", "decode_doc", "server_args",
            "spec_tokens", "MAX_SYNTH_REQUESTS", "choose_profile", "versions_to_try", "evaluate", "add_headroom",
-           "propose_fixes", "kernel_hook", "era_releases", "default_max_prefill_tokens", "in_model_family",
-           "extra_slots_default"]
+           "propose_fixes", "kernel_hook", "era_releases", "default_max_prefill_tokens", "in_model_family"]

@@ -14,7 +14,8 @@ from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import RankTimeline
 from ..ingest.sglang_log import Step
-from .data import default_max_prefill_tokens, extra_slots_default, in_model_family
+from ..profiles.slots import default_extra_slots
+from .data import default_max_prefill_tokens, in_model_family
 from .docs import MAX_SYNTH_REQUESTS, decode_doc, prefill_doc, server_args, spec_tokens
 from .results import Candidate
 
@@ -200,7 +201,7 @@ class Builder:
             self.notes.append("max_running_requests unknown: slot checks need it (pass --server-arg max_running_requests=N)")
             return None
         if pd and not isinstance(E, int):
-            E, factor, lim = extra_slots_default(R)
+            E, factor, lim = default_extra_slots(R)
             basis.append(f"--disaggregation-decode-extra-slots not given: SGLang's default {E} ({factor} x R when R <= {lim})")
         E = E if isinstance(E, int) and pd else 0
         table_max = R + E

@@ -21,10 +21,3 @@ def in_model_family(family: str, model_path: str) -> bool:
     return any(k in low for k in load("bisect")["model_families"][family])
 
 
-def extra_slots_default(running_per_rank: int) -> tuple[int, int, int]:
-    """SGLang's ``--disaggregation-decode-extra-slots`` when unset, for a running limit R per DP worker:
-    ``(E, factor, max_running)`` with ``E = factor * R`` when ``R <= max_running``, else 0."""
-    dflt = load("engines")["profiles"]["sglang-slots"]["defaults"]
-    factor = dflt["extra_slots_default_factor"]
-    lim = dflt["extra_slots_default_max_running"]
-    return (factor * running_per_rank if running_per_rank <= lim else 0), factor, lim

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..fields import bool_field, field_name, int_field, min_max
 
 INT32_MAX = 2**31 - 1
 # Sizes beyond these are not batches any GPU could hold; they are rejected as input errors before
@@ -33,39 +34,6 @@ DECODE_KEYS = frozenset({
     "kv_stride", "kv_base_align",
 })
 PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv"})
-
-
-def _where(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _int(rec: Mapping[str, Any], key: str, prefix: str, lo: int, hi: int, default: Any = ...) -> int:
-    if key not in rec or rec[key] is None:
-        if default is ...:
-            raise InputError(_where(prefix, key), "missing")
-        return default
-    v = rec[key]
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise InputError(_where(prefix, key), f"expected an integer, got {v!r}")
-    v = int(v)
-    if v < lo:
-        raise InputError(_where(prefix, key), f"expected >= {lo}, got {v}")
-    if v > hi:
-        raise InputError(_where(prefix, key), f"{v} is absurd (expected <= {hi})")
-    return v
-
-
-def _bool(rec: Mapping[str, Any], key: str, prefix: str, default: bool) -> bool:
-    v = rec.get(key, default)
-    if not isinstance(v, bool):
-        raise InputError(_where(prefix, key), f"expected true or false, got {v!r}")
-    return v
-
-
-def min_max(a: np.ndarray) -> tuple[int, int]:
-    """``(min, max)`` of a non-empty integer array as Python ints (the ufunc reductions directly:
-    ``ndarray.min`` goes through a Python-level wrapper first, which shows on every step)."""
-    return int(np.minimum.reduce(a)), int(np.maximum.reduce(a))
 
 
 def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX) -> np.ndarray:
@@ -282,7 +250,7 @@ def with_length_ranges(call: DecodeCall, ranges: dict[str, tuple[int, int]]) -> 
 def _check_keys(rec: Mapping[str, Any], allowed: frozenset, prefix: str) -> None:
     for key in rec:
         if key not in allowed and key not in IGNORED_KEYS:
-            raise InputError(_where(prefix, str(key)), f"unknown field (known: {', '.join(sorted(allowed))})")
+            raise InputError(field_name(prefix, str(key)), f"unknown field (known: {', '.join(sorted(allowed))})")
 
 
 def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
@@ -291,57 +259,57 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
         raise InputError(prefix or "call", f"expected a JSON object, got {type(rec).__name__}")
     kind = rec.get("kind", "sparse" if "topk" in rec else ("dense" if "seqlens" in rec else None))
     if kind not in ("sparse", "dense", "prefill"):
-        raise InputError(_where(prefix, "kind"), f"expected \"sparse\", \"dense\" or \"prefill\", got {kind!r}")
+        raise InputError(field_name(prefix, "kind"), f"expected \"sparse\", \"dense\" or \"prefill\", got {kind!r}")
     if kind == "prefill":
         _check_keys(rec, PREFILL_KEYS, prefix)
         return SparsePrefillCall(
-            s_q=_int(rec, "s_q", prefix, 0, MAX_ROWS),
-            h_q=_int(rec, "h_q", prefix, 1, MAX_HEADS),
-            d_qk=_int(rec, "d_qk", prefix, 1, 4096, 512),
-            topk=_int(rec, "topk", prefix, 1, MAX_TOPK, 512),
-            h_kv=_int(rec, "h_kv", prefix, 1, MAX_HEADS, 1),
-            d_v=_int(rec, "d_v", prefix, 1, 4096, 512),
-            s_kv=_int(rec, "s_kv", prefix, 1, INT32_MAX, None),
+            s_q=int_field(rec, "s_q", prefix, 0, MAX_ROWS),
+            h_q=int_field(rec, "h_q", prefix, 1, MAX_HEADS),
+            d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 512),
+            topk=int_field(rec, "topk", prefix, 1, MAX_TOPK, 512),
+            h_kv=int_field(rec, "h_kv", prefix, 1, MAX_HEADS, 1),
+            d_v=int_field(rec, "d_v", prefix, 1, 4096, 512),
+            s_kv=int_field(rec, "s_kv", prefix, 1, INT32_MAX, None),
             label=str(rec.get("label", rec.get("name", "")) or ""),
         )
     _check_keys(rec, DECODE_KEYS, prefix)
-    b = _int(rec, "b", prefix, 1, MAX_ROWS)
-    s_q = _int(rec, "s_q", prefix, 1, MAX_S_Q)
-    h_q = _int(rec, "h_q", prefix, 1, MAX_HEADS)
-    h_k = _int(rec, "h_k", prefix, 1, MAX_HEADS, 1)
+    b = int_field(rec, "b", prefix, 1, MAX_ROWS)
+    s_q = int_field(rec, "s_q", prefix, 1, MAX_S_Q)
+    h_q = int_field(rec, "h_q", prefix, 1, MAX_HEADS)
+    h_k = int_field(rec, "h_k", prefix, 1, MAX_HEADS, 1)
     common = dict(
         b=b, s_q=s_q, h_q=h_q, h_k=h_k,
-        d_v=_int(rec, "d_v", prefix, 1, 4096, 512),
-        page=_int(rec, "page", prefix, 1, MAX_PAGE, 64),
-        bytes_per_token=_int(rec, "bytes_per_token", prefix, 1, 1 << 16, None),
-        kv_stride=_int(rec, "kv_stride", prefix, 1, 1 << 62, None),
-        kv_base_align=_int(rec, "kv_base_align", prefix, 1, 1 << 20, None),
-        causal=_bool(rec, "causal", prefix, False),
+        d_v=int_field(rec, "d_v", prefix, 1, 4096, 512),
+        page=int_field(rec, "page", prefix, 1, MAX_PAGE, 64),
+        bytes_per_token=int_field(rec, "bytes_per_token", prefix, 1, 1 << 16, None),
+        kv_stride=int_field(rec, "kv_stride", prefix, 1, 1 << 62, None),
+        kv_base_align=int_field(rec, "kv_base_align", prefix, 1, 1 << 20, None),
+        causal=bool_field(rec, "causal", prefix, False),
         label=str(rec.get("label", rec.get("name", "")) or ""),
     )
     if kind == "dense":
         for key in ("topk", "topk_length", "extra_topk", "extra_topk_length"):
             if rec.get(key) is not None:
-                raise InputError(_where(prefix, key), "only sparse calls take this field (dense calls use seqlens)")
+                raise InputError(field_name(prefix, key), "only sparse calls take this field (dense calls use seqlens)")
         if rec.get("seqlens") is None:
-            raise InputError(_where(prefix, "seqlens"), "missing (dense calls need cache_seqlens, one per request)")
-        seqlens = int_vector(rec["seqlens"], b, _where(prefix, "seqlens"), 0, INT32_MAX)
-        return DecodeCall(kind="dense", d_qk=_int(rec, "d_qk", prefix, 1, 4096, 576), seqlens=seqlens,
-                          is_fp8=_bool(rec, "is_fp8", prefix, False), **common)
+            raise InputError(field_name(prefix, "seqlens"), "missing (dense calls need cache_seqlens, one per request)")
+        seqlens = int_vector(rec["seqlens"], b, field_name(prefix, "seqlens"), 0, INT32_MAX)
+        return DecodeCall(kind="dense", d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 576), seqlens=seqlens,
+                          is_fp8=bool_field(rec, "is_fp8", prefix, False), **common)
     if rec.get("seqlens") is not None:
-        raise InputError(_where(prefix, "seqlens"), "only dense calls take seqlens (sparse calls use topk/topk_length)")
-    topk = _int(rec, "topk", prefix, 1, MAX_TOPK)
+        raise InputError(field_name(prefix, "seqlens"), "only dense calls take seqlens (sparse calls use topk/topk_length)")
+    topk = int_field(rec, "topk", prefix, 1, MAX_TOPK)
     tl = rec.get("topk_length")
-    topk_length = None if tl is None else int_vector(tl, b, _where(prefix, "topk_length"))
-    extra_topk = _int(rec, "extra_topk", prefix, 1, MAX_TOPK, None)
+    topk_length = None if tl is None else int_vector(tl, b, field_name(prefix, "topk_length"))
+    extra_topk = int_field(rec, "extra_topk", prefix, 1, MAX_TOPK, None)
     etl = rec.get("extra_topk_length")
     if etl is not None and extra_topk is None:
-        raise InputError(_where(prefix, "extra_topk_length"), "given without extra_topk")
-    extra_topk_length = None if etl is None else int_vector(etl, b, _where(prefix, "extra_topk_length"))
-    extra_page = _int(rec, "extra_page", prefix, 1, MAX_PAGE, None)
-    return DecodeCall(kind="sparse", d_qk=_int(rec, "d_qk", prefix, 1, 4096, 576), topk=topk,
+        raise InputError(field_name(prefix, "extra_topk_length"), "given without extra_topk")
+    extra_topk_length = None if etl is None else int_vector(etl, b, field_name(prefix, "extra_topk_length"))
+    extra_page = int_field(rec, "extra_page", prefix, 1, MAX_PAGE, None)
+    return DecodeCall(kind="sparse", d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 576), topk=topk,
                       topk_length=topk_length, extra_topk=extra_topk, extra_topk_length=extra_topk_length,
-                      extra_page=extra_page, is_fp8=_bool(rec, "is_fp8", prefix, True), **common)
+                      extra_page=extra_page, is_fp8=bool_field(rec, "is_fp8", prefix, True), **common)
 
 
 def calls_from_records(records: Sequence[Any], prefix: str = "calls") -> list[KernelCall]:

@@ -62,14 +62,21 @@ class SlotModel:
                 "draft_tokens": self.draft_tokens, "buffers": [b.to_dict() for b in self.buffers]}
 
 
+def default_extra_slots(R: int) -> tuple[int, int, int]:
+    """SGLang's ``--disaggregation-decode-extra-slots`` when unset, for ``R`` running requests per DP
+    worker: ``(E, factor, max_running)`` with ``E = factor x R`` when ``R <= max_running``, else 0."""
+    dflt = load("engines")["profiles"][NAME]["defaults"]
+    lim, factor = dflt["extra_slots_default_max_running"], dflt["extra_slots_default_factor"]
+    return (factor * R if R <= lim else 0), factor, lim
+
+
 def extra_slots(R: int, pd_decode: bool, given: int | None) -> tuple[int, str]:
     """Pre-allocation slots ``E`` of a worker with ``R`` running requests, and where the number comes from."""
-    dflt = load("engines")["profiles"][NAME]["defaults"]
     if not pd_decode:
         return 0, "not a PD decode worker"
     if given is not None:
         return int(given), "--disaggregation-decode-extra-slots"
-    lim, factor = dflt["extra_slots_default_max_running"], dflt["extra_slots_default_factor"]
+    E, factor, lim = default_extra_slots(R)
     if R <= lim:
         return factor * R, f"default: {factor} x {R} (max_running_requests per DP <= {lim})"
     return 0, f"default: 0 (max_running_requests per DP {R} > {lim})"
