@@ -9,6 +9,7 @@ from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
+from ..profiles import provided_by
 from .boundary import BisectChecker
 from .builder import Builder
 from .consistency import budget_check, cross_check, survival_check
@@ -80,7 +81,7 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
             cut = err.line_no if err is not None else None
             p = tl.last("prefill", cut)
             d = tl.last("decode", cut)
-            if quantity == "slot" or (quantity is None and profile == ["sglang-slots"]):
+            if quantity == "slot" or (quantity is None and provided_by(profile) == {"slots"}):
                 sc = b.slot_step(rank, d, err)
                 if sc:
                     cands.append(sc)
@@ -100,7 +101,7 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
                 if after is False and p_last:
                     dc.basis.append("less likely: the last line before the crash is a Prefill line")
                 cands.append(dc)
-            if "sglang-slots" in profile and quantity != "rows":
+            if "slots" in provided_by(profile) and quantity != "rows":
                 sc = b.slot_step(rank, d, err)
                 if sc:
                     cands.append(sc)

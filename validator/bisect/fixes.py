@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..ingest.launch import EngineConfig
+from ..profiles import provided_by
 from .boundary import BisectChecker
 from .docs import prefill_doc, server_args, spec_tokens
 from .results import Candidate
@@ -54,7 +55,7 @@ def propose_fixes(c: Candidate, cfg: EngineConfig, checker: BisectChecker, profi
                           "why": "keeps a whole prefill batch within the limit (chunking must stay on: "
                                  "without it one long prompt exceeds any max-prefill-tokens)",
                           "verified": verify(c.make(cap, ver))})
-        if "sglang-dsv4" in profile and ver not in (None, "latest"):
+        if "rows" in provided_by(profile) and ver not in (None, "latest"):
             try:
                 up = checker(c.make(c.value if c.verdict != "partly illegal" else c.hi, "latest"), split=False)
                 fixes.append({"flag": "(upgrade)", "value": "an SGLang build with sparse-prefill routing",
@@ -80,7 +81,7 @@ def propose_fixes(c: Candidate, cfg: EngineConfig, checker: BisectChecker, profi
             fixes.append({"flag": "--disaggregation-decode-extra-slots", "value": e_new,
                           "why": f"live slots then stay <= R + E = {R + e_new}, inside every slot-indexed buffer "
                                  "(a stopgap: it limits PD pre-allocation)", "verified": verify(doc)})
-        if "sglang-slots" in profile and "SLOT002" in c.codes:
+        if "slots" in provided_by(profile) and "SLOT002" in c.codes:
             doc = c.make(c.value, "latest")
             fixes.append({"flag": "(upgrade)", "value": "an SGLang build whose slot-indexed buffers are sized from the request table",
                           "why": "the NextN draft's DSA tails get table rows + 1 rows", "verified": verify(doc)})

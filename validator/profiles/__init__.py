@@ -26,6 +26,11 @@ def get_profile(name: str) -> Profile:
     return import_module(f"{__name__}.{entry['module']}").PROFILE
 
 
+def provided_by(names) -> frozenset:
+    """The per-step quantities the named profiles provide together (``rows``, ``slots``)."""
+    return frozenset().union(*(get_profile(n).provides for n in names)) if names else frozenset()
+
+
 def _vtuple(v: str) -> tuple[int, ...] | None:
     parts = v.lstrip("v").split(".")
     try:
@@ -52,4 +57,4 @@ def resolve_version(profile: str, version: str | None) -> dict:
     raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
 
 
-__all__ = ["BatchPlan", "DerivedCall", "Profile", "get_profile", "profile_names", "resolve_version"]
+__all__ = ["BatchPlan", "DerivedCall", "Profile", "get_profile", "profile_names", "provided_by", "resolve_version"]
