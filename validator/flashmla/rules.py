@@ -256,34 +256,20 @@ def sparse_heads(p: Plan):
     c = p.call
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
-    out = []
     shapes = p.gen["sparse_shapes"]
     fails = shapes.get("failures", {})
-    heads = shapes["h_q"]
-    if c.h_q not in heads:
-        pad = next((h for h in sorted(heads) if h > c.h_q), max(heads))
-        out.append(sparse_heads.rule.finding(
-            f"h_q expected {_or(heads)}, got {c.h_q}", subject=_subject(p),
-            numbers={"field": "h_q", "value": c.h_q, "allowed": list(heads)},
-            fix=f"pad heads to {pad}", failure=fails.get("h_q")))
-    if c.h_k not in shapes["h_k"]:
-        out.append(sparse_heads.rule.finding(
-            f"h_k expected {_or(shapes['h_k'])}, got {c.h_k}", subject=_subject(p),
-            numbers={"field": "h_k", "value": c.h_k, "allowed": list(shapes["h_k"])},
-            fix="MLA sparse decode uses one KV head", failure=fails.get("h_k")))
     layouts = p.gen["kv_layouts"]
-    if c.d_qk not in layouts:
-        names = " or ".join(f"{rec['name']} ({d})" for d, rec in layouts.items())
-        out.append(sparse_heads.rule.finding(
-            f"d_qk expected {_or(layouts)}, got {c.d_qk}", subject=_subject(p),
-            numbers={"field": "d_qk", "value": c.d_qk, "allowed": list(layouts)},
-            fix=f"use the {names} KV layout", failure=fails.get("d_qk")))
-    if c.d_v not in shapes["d_v"]:
-        out.append(sparse_heads.rule.finding(
-            f"d_v expected {_or(shapes['d_v'])}, got {c.d_v}", subject=_subject(p),
-            numbers={"field": "d_v", "value": c.d_v, "allowed": list(shapes["d_v"])},
-            fix=f"head_dim_v must be {_or(shapes['d_v'])}", failure=fails.get("d_v")))
-    return out
+    heads = shapes["h_q"]
+    pad = next((h for h in sorted(heads) if h > c.h_q), max(heads))
+    names = " or ".join(f"{rec['name']} ({d})" for d, rec in layouts.items())
+    checks = (("h_q", c.h_q, list(heads), f"pad heads to {pad}"),
+              ("h_k", c.h_k, list(shapes["h_k"]), "MLA sparse decode uses one KV head"),
+              ("d_qk", c.d_qk, list(layouts), f"use the {names} KV layout"),
+              ("d_v", c.d_v, list(shapes["d_v"]), f"head_dim_v must be {_or(shapes['d_v'])}"))
+    return [sparse_heads.rule.finding(f"{name} expected {_or(allowed)}, got {value}", subject=_subject(p),
+                                      numbers={"field": name, "value": value, "allowed": allowed},
+                                      fix=fix, failure=fails.get(name))
+            for name, value, allowed, fix in checks if value not in allowed]
 
 
 @rule("FMLA006", shape_only=True)
