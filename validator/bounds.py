@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from .batch import Batch, RequestColumns
 from .evaluate import EngineSetup, evaluate
 from .flashmla.calls import MAX_ROWS
@@ -58,6 +60,7 @@ class StepBounds:
     routed_ok: bool                   # ... on the routed path
     static_findings: tuple            # errors of the configuration itself
     undecided: tuple                  # rules no bound covers: the guard runs the full check for them
+    slow_above: int | None = None     # above this many rows the build's scheduler falls back (legal, slow)
 
     @property
     def complete(self) -> bool:
@@ -134,20 +137,24 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     undecided = tuple(r.code for r in all_rules() if not r.reads <= covered)
     has_rows, has_slots = "rows" in setup.provides, "slots" in setup.provides
 
-    max_rows = threshold = None
+    max_rows = threshold = slow_above = None
     sched_free = MAX_ROWS
     routed_ok = decode_ok
     if has_rows:
         only = _codes(lambda q: "rows" in q and q <= {"rows", "config"})
 
         def rows_legal(r: int) -> bool:
-            step = replace(template, requests=RequestColumns(r, None, None, None, [1] * r, None, 0))
-            return evaluate(step, kernel, setup=setup, only=only).legal
+            # r decode entries of length 1, held as one broadcast value (no per-row memory)
+            seq = np.broadcast_to(np.int64(1), (r,))
+            step = replace(template, requests=RequestColumns(r, None, None, None, seq, None, 0))
+            return evaluate(step, kernel, setup=setup, only=only, rows_only=True).legal
 
         max_rows = _edge(rows_legal, hints["max_rows"], 1, MAX_ROWS)
         threshold = hints.get("threshold")
         sched_rules = [r for r in all_rules() if "schedule" in r.reads]
         sched_free = max_rows
+        slow = [dc.plan.fast_sched_rows for dc in bp.calls if dc.plan.is_decode and dc.plan.falls_back]
+        slow_above = min(slow) if slow else None
         for dc in bp.calls:
             for r in sched_rules:
                 safe = r.safe_rows(dc.plan) if r.safe_rows is not None else 0
@@ -167,4 +174,4 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_slot = _edge(slot_legal, hints["max_slot"], 0, 1 << 31)
     return StepBounds(gen, has_rows, has_slots, max_rows, threshold, max(sched_free, 0), max_slot, decode_ok,
-                      routed_ok, static, undecided)
+                      routed_ok, static, undecided, slow_above)

@@ -57,13 +57,14 @@ def engine_setup(batch: Batch, kernel: str | None = None) -> EngineSetup:
     return EngineSetup(tuple(versions), tuple(parts))
 
 
-def plan_batch(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None) -> BatchPlan:
+def plan_batch(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None,
+               rows_only: bool = False) -> BatchPlan:
     """Derive every kernel call and slot buffer of the forward. ``memo``: a
     :class:`~validator.flashmla.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own);
     ``setup``: :func:`engine_setup` of this batch's configuration, when the caller keeps it."""
     if setup is None:
         setup = engine_setup(batch, kernel)
-    bp = BatchPlan(batch, dict(setup.versions), profiles=setup.profiles)
+    bp = BatchPlan(batch, dict(setup.versions), profiles=setup.profiles, rows_only=rows_only)
     for prof, version, part in setup.parts:
         prof.derive(batch, version, part, bp, kernel, memo)
     return bp
@@ -89,9 +90,10 @@ def call_findings(bp: BatchPlan, only: frozenset | None = None) -> list[Finding]
 
 
 def evaluate(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSetup | None = None,
-             only: frozenset | None = None) -> Report:
-    """The report of one forward, without a split (``only``: run just these rule codes)."""
-    bp = plan_batch(batch, kernel, memo, setup)
+             only: frozenset | None = None, rows_only: bool = False) -> Report:
+    """The report of one forward, without a split (``only``: run just these rule codes;
+    ``rows_only``: they read only rows and the configuration, so no per-row lengths are built)."""
+    bp = plan_batch(batch, kernel, memo, setup, rows_only)
     findings = call_findings(bp, only) + run_rules("batch", bp, only)
     report = Report(findings, [c.plan for c in bp.calls])
     report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),

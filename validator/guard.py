@@ -183,6 +183,7 @@ class Checker:
         self.has_rows = b.has_rows
         self.max_rows: int | None = b.max_rows
         self.threshold: int | None = b.threshold
+        self.slow_above: int | None = b.slow_above   # rows above which the build's scheduler falls back
         self.has_slots = b.has_slots
         self.max_slot: int | None = b.max_slot
         slots = self._setup.providing("slots")

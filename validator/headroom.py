@@ -41,6 +41,7 @@ class Headroom:
     rows_per_request: int = 1
     config_ok: bool = True             # the configuration itself breaks no rule on this path
     note: str = ""
+    slow_above: int | None = None      # more rows than this run the build's slow fallback scheduler (legal)
 
     def can_add(self, rows: int) -> bool:
         """Whether the step is legal (row-wise) with ``rows`` more query rows."""
@@ -111,6 +112,9 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
     if not b.has_rows:
         return Headroom(mode, rows, None, None, False, b.decode_ok, None, None, None, None, per,
                         b.decode_ok, "no row limit in this engine profile; slots are checked per request")
+    if b.slow_above is not None and not b.threshold:
+        notes.append(f"above {b.slow_above} rows {checker.kernel_build}'s scheduler falls back to its low-shared-memory "
+                     f"kernel: legal, about 7-8x slower per call")
     L = min(b.max_rows, b.sched_free_rows)
     thr = b.threshold if mode in ROUTABLE_MODES else None
     routed_ok = b.routed_ok
@@ -140,7 +144,7 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
     if rows == 0 and mode in ROUTABLE_MODES:
         notes.append("an empty step is not launched")
     return Headroom(mode, rows, b.max_rows, thr, False, legal, more, more // per, to_route, gap, per,
-                    decode_ok, "; ".join(notes))
+                    decode_ok, "; ".join(notes), b.slow_above)
 
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from .errors import InputError
 
 MAX_INPUT_BYTES = 256 * 1024 * 1024
-DEVICE_KEYS = frozenset({"device", "num_sms", "cc", "smem_optin", "name", "memory_bytes"})
+DEVICE_KEYS = frozenset({"device", "num_sms", "cc", "smem_optin", "name", "memory_bytes", "flashmla"})  # flashmla: what recorded it
 
 
 def read_text(path: str) -> tuple[str, str]:

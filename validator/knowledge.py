@@ -110,16 +110,56 @@ def _parse_int(v: str, field: str) -> int:
         raise InputError(field, f"expected an integer, got {v.strip()!r}") from None
 
 
-@lru_cache(maxsize=None)
-def generation(name: str | None = None) -> dict:
-    """One FlashMLA generation of ``rules/flashmla.json``: its ``shared`` facts, then its own keys
-    (which replace shared ones of the same name). ``kv_layouts`` is keyed by ``d_qk`` as an int."""
+def build_names() -> list[str]:
+    """The FlashMLA builds the tool knows by name (``rules/flashmla.json``'s ``builds``)."""
+    return [k for k in load("flashmla")["builds"] if not k.startswith("_")]
+
+
+def build(name: str | None = None) -> dict:
+    """One build: ``{"name", "kernels": {selector: generation}, ...}``. A generation's own name is a
+    build of that generation alone."""
     data = load("flashmla")
     key = name or data["default"]
+    builds = data["builds"]
+    if key in builds and not key.startswith("_"):
+        return {"name": key, **builds[key]}
+    if key in data["generations"]:
+        return {"name": key, "kernels": {"*": key}}
+    raise InputError("kernel", f"unknown FlashMLA build {key!r}; known: {', '.join(build_names())}")
+
+
+def generation_name(name: str | None, path: str | None = None, use_legacy: bool | None = None) -> str:
+    """The generation that runs a call of ``path`` (sparse, dense, dense_fp8, prefill) with this
+    ``use_legacy`` on build ``name``: by ``use_legacy`` where the build has both halves (its default
+    when None), else by path, else the build's ``*``."""
+    b = build(name)
+    kernels = b["kernels"]
+    if path == "prefill" and path not in kernels:
+        path = "sparse"             # flash_mla_sparse_fwd ships with the sparse decode kernels
+    if path is not None and path in kernels:
+        return kernels[path]
+    if "legacy" in kernels:
+        legacy = b.get("use_legacy_default", True) if use_legacy is None else use_legacy
+        return kernels["legacy" if legacy else "current"]
+    if "*" in kernels:
+        return kernels["*"]
+    if path is None:            # the build's first kernel stands for it
+        return next(iter(kernels.values()))
+    raise InputError("kernel", f"build {b['name']} has no kernel for {path} calls (it has: {', '.join(kernels)})")
+
+
+@lru_cache(maxsize=None)
+def generation(name: str | None = None, path: str | None = None, use_legacy: bool | None = None) -> dict:
+    """The FlashMLA generation a call runs on build ``name`` (see :func:`generation_name`): its
+    ``shared`` facts, then its own keys (which replace shared ones of the same name), with ``name``
+    (the generation) and ``build``. ``kv_layouts`` is keyed by ``d_qk`` as an int."""
+    data = load("flashmla")
+    b = build(name)
+    key = generation_name(b["name"], path, use_legacy)
     if key not in data["generations"]:
-        raise InputError("kernel", f"unknown FlashMLA generation {key!r}; known: {', '.join(data['generations'])}")
+        raise InputError("kernel", f"build {b['name']} names an unknown generation {key!r}")
     shared = {k: v for k, v in data.get("shared", {}).items() if not k.startswith("_")}
-    gen = {"name": key, **shared, **data["generations"][key]}
+    gen = {"name": key, "build": b["name"], **shared, **data["generations"][key]}
     if "kv_layouts" in gen:
         gen["kv_layouts"] = {int(d): rec for d, rec in gen["kv_layouts"].items()}
     return gen

@@ -158,4 +158,8 @@ def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Findin
         res: Iterable[Finding] | None = r.func(subject)
         if res:
             out.extend(res)
+    if out:
+        local = getattr(subject, "failure_for", None)   # a plan whose build fails its own way
+        if local is not None:
+            out = [local(f) for f in out]
     return out

@@ -31,9 +31,13 @@ IGNORED_KEYS = frozenset({
 DECODE_KEYS = frozenset({
     "kind", "b", "s_q", "h_q", "h_k", "d_qk", "d_v", "topk", "topk_length", "extra_topk",
     "extra_topk_length", "page", "extra_page", "seqlens", "is_fp8", "causal", "bytes_per_token",
-    "kv_stride", "kv_base_align",
+    "kv_stride", "kv_base_align", "use_legacy", "entry",
 })
-PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv"})
+PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv", "use_legacy"})
+#: decode entry points a record may name: the call itself (scheduler run inside it) and the hoisted
+#: metadata op of the builds that have one
+ENTRIES = ("flash_mla_with_kvcache", "get_mla_decoding_metadata")
+KINDS = ("sparse", "dense", "dense_fp8", "prefill")
 
 
 def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX) -> np.ndarray:
@@ -116,6 +120,8 @@ class DecodeCall:
     kv_base_align: int | None = None
     label: str = ""
     meta: dict = field(default_factory=dict)
+    use_legacy: bool | None = None       # builds with two kernel halves: which one (None: the build's default)
+    entry: str = "flash_mla_with_kvcache"
 
     @property
     def is_sparse(self) -> bool:
@@ -158,6 +164,10 @@ class DecodeCall:
                     rec["extra_page"] = self.extra_page
         else:
             rec["seqlens"] = self.seqlens.tolist() if self.seqlens is not None else None
+        if self.use_legacy is not None:
+            rec["use_legacy"] = self.use_legacy
+        if self.entry != "flash_mla_with_kvcache":
+            rec["entry"] = self.entry
         rec["page"] = self.page
         if self.h_k != 1:
             rec["h_k"] = self.h_k
@@ -194,8 +204,8 @@ class DecodeCall:
         return call
 
     def summary(self) -> str:
-        if self.kind == "dense":
-            return f"dense b={self.b} s_q={self.s_q} h_q={self.h_q}"
+        if self.kind != "sparse":
+            return f"{self.kind} b={self.b} s_q={self.s_q} h_q={self.h_q}"
         extra = f" extra_topk={self.extra_topk}" if self.extra_topk is not None else ""
         tl = " topk_length=[..]" if self.topk_length is not None else ""
         return f"sparse b={self.b} s_q={self.s_q} h_q={self.h_q} d_qk={self.d_qk} topk={self.topk}{tl}{extra}"
@@ -226,9 +236,12 @@ class SparsePrefillCall:
     s_kv: int | None = None
     label: str = ""
     kind: str = "prefill"
+    use_legacy: bool | None = None
 
     def to_record(self) -> dict:
         rec = {"kind": "prefill", "s_q": self.s_q, "h_q": self.h_q, "d_qk": self.d_qk, "topk": self.topk}
+        if self.use_legacy is not None:
+            rec["use_legacy"] = self.use_legacy
         if self.label:
             rec["label"] = self.label
         return rec
@@ -258,8 +271,11 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
     if not isinstance(rec, Mapping):
         raise InputError(prefix or "call", f"expected a JSON object, got {type(rec).__name__}")
     kind = rec.get("kind", "sparse" if "topk" in rec else ("dense" if "seqlens" in rec else None))
-    if kind not in ("sparse", "dense", "prefill"):
-        raise InputError(field_name(prefix, "kind"), f"expected \"sparse\", \"dense\" or \"prefill\", got {kind!r}")
+    if kind not in KINDS:
+        raise InputError(field_name(prefix, "kind"), f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    use_legacy = rec.get("use_legacy")
+    if use_legacy is not None and not isinstance(use_legacy, bool):
+        raise InputError(field_name(prefix, "use_legacy"), f"expected true or false, got {use_legacy!r}")
     if kind == "prefill":
         _check_keys(rec, PREFILL_KEYS, prefix)
         return SparsePrefillCall(
@@ -271,6 +287,7 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
             d_v=int_field(rec, "d_v", prefix, 1, 4096, 512),
             s_kv=int_field(rec, "s_kv", prefix, 1, INT32_MAX, None),
             label=str(rec.get("label", rec.get("name", "")) or ""),
+            use_legacy=use_legacy,
         )
     _check_keys(rec, DECODE_KEYS, prefix)
     b = int_field(rec, "b", prefix, 1, MAX_ROWS)
@@ -286,18 +303,22 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
         kv_base_align=int_field(rec, "kv_base_align", prefix, 1, 1 << 20, None),
         causal=bool_field(rec, "causal", prefix, False),
         label=str(rec.get("label", rec.get("name", "")) or ""),
+        use_legacy=use_legacy,
+        entry=_entry(rec, prefix, kind),
     )
-    if kind == "dense":
+    if kind in ("dense", "dense_fp8"):
         for key in ("topk", "topk_length", "extra_topk", "extra_topk_length"):
             if rec.get(key) is not None:
                 raise InputError(field_name(prefix, key), "only sparse calls take this field (dense calls use seqlens)")
         if rec.get("seqlens") is None:
             raise InputError(field_name(prefix, "seqlens"), "missing (dense calls need cache_seqlens, one per request)")
         seqlens = int_vector(rec["seqlens"], b, field_name(prefix, "seqlens"), 0, INT32_MAX)
-        return DecodeCall(kind="dense", d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 576), seqlens=seqlens,
-                          is_fp8=bool_field(rec, "is_fp8", prefix, False), **common)
+        return DecodeCall(kind=kind, d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 576), seqlens=seqlens,
+                          is_fp8=bool_field(rec, "is_fp8", prefix, kind == "dense_fp8"), **common)
     if rec.get("seqlens") is not None:
-        raise InputError(field_name(prefix, "seqlens"), "only dense calls take seqlens (sparse calls use topk/topk_length)")
+        if common["entry"] != "get_mla_decoding_metadata":
+            raise InputError(field_name(prefix, "seqlens"), "only dense calls take seqlens (sparse calls use topk/topk_length)")
+        int_vector(rec["seqlens"], b, field_name(prefix, "seqlens"), 0, INT32_MAX)  # the op's cache_seqlens: checked, not scheduled
     topk = int_field(rec, "topk", prefix, 1, MAX_TOPK)
     tl = rec.get("topk_length")
     topk_length = None if tl is None else int_vector(tl, b, field_name(prefix, "topk_length"))
@@ -307,9 +328,21 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
         raise InputError(field_name(prefix, "extra_topk_length"), "given without extra_topk")
     extra_topk_length = None if etl is None else int_vector(etl, b, field_name(prefix, "extra_topk_length"))
     extra_page = int_field(rec, "extra_page", prefix, 1, MAX_PAGE, None)
+    if common["entry"] == "get_mla_decoding_metadata" and (tl is not None or extra_topk is not None):
+        raise InputError(field_name(prefix, "entry"), "get_mla_decoding_metadata schedules sparse calls by the "
+                         "constant topk: it takes no topk_length and no extra cache")
     return DecodeCall(kind="sparse", d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 576), topk=topk,
                       topk_length=topk_length, extra_topk=extra_topk, extra_topk_length=extra_topk_length,
                       extra_page=extra_page, is_fp8=bool_field(rec, "is_fp8", prefix, True), **common)
+
+
+def _entry(rec: Mapping[str, Any], prefix: str, kind: str) -> str:
+    entry = rec.get("entry", ENTRIES[0])
+    if entry not in ENTRIES:
+        raise InputError(field_name(prefix, "entry"), f"expected one of {', '.join(ENTRIES)}, got {entry!r}")
+    if kind == "dense_fp8" and entry != "get_mla_decoding_metadata" and "entry" in rec:
+        raise InputError(field_name(prefix, "entry"), "dense_fp8 calls are scheduled by get_mla_decoding_metadata")
+    return "get_mla_decoding_metadata" if kind == "dense_fp8" else entry
 
 
 def calls_from_records(records: Sequence[Any], prefix: str = "calls") -> list[KernelCall]:

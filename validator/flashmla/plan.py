@@ -4,13 +4,13 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..knowledge import GPU, generation, resolve_gpu
-from .calls import DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
-from .schedule import Schedule, WalkMemo, schedule_fast, schedule_memo, schedule_reference
+from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
+from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -52,6 +52,7 @@ PARTS_FORMULAS = {
     "dense_sm90": (_parts_dense_sm90, "max(num_sms / h_k / ceil(s_q*h_q/h_k / 64), 1)"),
     "sparse_sm90_oct2025": (_parts_sparse_sm90_oct2025, "max((num_sms/2) / h_k / (ceil(h_q/h_k / 128) * s_q), 1)"),
     "sparse_sm100_oct2025": (_parts_sparse_sm100_oct2025, "max(num_sms / h_k / (ceil(h_q/h_k / 64) * s_q), 1)"),
+    "dense_fp8": (_parts_dense_sm90, "max(num_sms / h_k / ceil(s_q*h_q/h_k / 64), 1)"),
 }
 
 
@@ -105,7 +106,7 @@ def effective_lengths(call: DecodeCall, gen: dict) -> tuple[np.ndarray | None, i
     maps to one value acts as that scalar, and an array plus a scalar is uniform exactly when its
     range says so; only the sum of two varying arrays is compared element-wise.
     """
-    if call.kind == "dense":
+    if call.kind in ("dense", "dense_fp8"):
         s = call.seqlens
         if s.shape[0] and bool((s == s[0]).all()):
             return None, int(s[0])
@@ -191,16 +192,42 @@ class Plan:
         return sm["base_bytes"] + sm["bytes_per_row"] * self.call.b
 
     @property
-    def max_sched_rows(self) -> int:
-        """Largest b whose scheduler shared memory fits the GPU's opt-in limit."""
+    def fast_sched_rows(self) -> int:
+        """Largest b whose scheduler shared memory fits the GPU's opt-in limit (a static scheduler:
+        its batch limit)."""
         sm = self.gen["sched_smem"]
+        if sm.get("static"):
+            return self.gen["max_batch"]["max_b"]
         return (self.gpu.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
+
+    @property
+    def falls_back(self) -> bool:
+        """This build runs a slower scheduler instead of failing when the fast one does not fit."""
+        return "fallback" in self.gen["sched_smem"]
+
+    @property
+    def max_sched_rows(self) -> int:
+        """Largest b the scheduler runs at all: the fast path's limit, or the largest valid b when the
+        build falls back to a low-shared-memory scheduler above it."""
+        return MAX_ROWS if self.falls_back else self.fast_sched_rows
+
+    @property
+    def split_kv(self) -> bool:
+        """The call splits the KV across partitions (scheduler, o_accum, combine). Builds that gate it
+        split only when the index widths add up past their threshold; the others always do."""
+        gate = self.gen.get("split_kv")
+        if gate is None or not self.is_decode or self.call.kind != "sparse":
+            return True
+        c = self.call
+        return c.topk + (c.extra_topk or 0) >= gate["min_topk_total"]
 
     @property
     def scheduler_runs(self) -> bool:
         """False when the kernel exits before writing any metadata (no implementation, or b too big),
-        and for a call of no rows (which validated input never is: there is no schedule to model)."""
-        return self.is_decode and self.num_sm_parts is not None and 0 < self.call.b <= self.max_sched_rows
+        when the call does not split the KV, and for a call of no rows (which validated input never
+        is: there is no schedule to model)."""
+        return (self.is_decode and self.num_sm_parts is not None and self.split_kv
+                and 0 < self.call.b <= self.max_sched_rows)
 
     @cached
     def lengths(self) -> tuple[np.ndarray | None, int | None]:
@@ -216,6 +243,8 @@ class Plan:
         """
         if not self.scheduler_runs:
             return None
+        if self.gen.get("algorithm") == "first_generation":
+            return self.reference_schedule()
         arr, uni = self.lengths
         if self.memo is not None:
             return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni,
@@ -230,6 +259,8 @@ class Plan:
             return None
         arr, uni = self.lengths
         s = np.full(self.call.b, uni, dtype=np.int64) if uni is not None else arr
+        if self.gen.get("algorithm") == "first_generation":
+            return schedule_first_generation(s, self.num_sm_parts, self.fixed_overhead, self.block_size)
         return schedule_reference(s, self.num_sm_parts, self.fixed_overhead, self.block_size)
 
     def metadata_in_layout(self, sch: Schedule | None = None) -> np.ndarray | None:
@@ -238,6 +269,13 @@ class Plan:
         if sch is None:
             return None
         md = sch.metadata
+        if self.gen.get("positions") == "tokens":       # rows are already in the build's layout
+            return md
+        if self.gen.get("idle_begin_block") == 0:       # partitions after all work is placed
+            idle = md[:, 0] >= sch.b
+            if idle.any():
+                md = md.copy()
+                md[idle, CANONICAL_LAYOUT.index("begin_block")] = 0
         layout = self.gen.get("row_layout", CANONICAL_LAYOUT)
         if list(layout) == CANONICAL_LAYOUT:
             return md
@@ -262,6 +300,14 @@ class Plan:
         c = self.call
         acc = self.gen["oaccum"]
         return rows * c.s_q * c.h_q * acc["accum_bytes"] * (1 + acc["d_v"])
+
+    def failure_for(self, f):
+        """``f`` with this build's own failure for its rule, where the build fails differently
+        (``failures`` in ``rules/flashmla.json``)."""
+        own = self.gen.get("failures", {}).get(f.code)
+        if own is None or own == f.failure:
+            return f
+        return replace(f, failure=own)
 
     def for_call(self, call: DecodeCall, memo: WalkMemo | None, quiet_rules: frozenset) -> "Plan":
         """This plan for another call of the same shape (``call.with_rows``): the same GPU,
@@ -289,9 +335,22 @@ class Plan:
                 out["num_splits_total"] = sch.total_splits
                 out["max_split_row"] = sch.max_split_row
                 if with_schedule:
-                    out["tile_scheduler_metadata"] = sch.metadata.tolist()
+                    out["tile_scheduler_metadata"] = self.metadata_in_layout(sch).tolist()
                     out["num_splits"] = sch.num_splits.tolist()
         return out
+
+
+_HOISTED: dict[tuple, dict] = {}
+
+
+def hoisted(gen: dict) -> dict:
+    """The generation as its hoisted ``get_mla_decoding_metadata`` op schedules: a sparse call by
+    the constant ``topk`` (no per-row lengths, no extra cache), a dense one by its seqlens."""
+    key = (gen["build"], gen["name"])
+    out = _HOISTED.get(key)
+    if out is None:
+        out = _HOISTED[key] = {**gen, "effective_length": "constant_topk", "entry": "get_mla_decoding_metadata"}
+    return out
 
 
 def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan:
@@ -299,9 +358,11 @@ def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan
     if isinstance(call, dict):
         call = call_from_record(call)
     g = resolve_gpu(gpu)
-    gen = generation(kernel)
     if isinstance(call, SparsePrefillCall):
-        return Plan(call, g, gen, None, None)
+        return Plan(call, g, generation(kernel, "prefill", call.use_legacy), None, None)
+    gen = generation(kernel, call.kind, call.use_legacy)
+    if call.entry == "get_mla_decoding_metadata":
+        gen = hoisted(gen)
     impl = select_implementation(call, g, gen)
     parts = PARTS_FORMULAS[impl.parts][0](g, call) if impl else None
     return Plan(call, g, gen, impl, parts)

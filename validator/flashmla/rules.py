@@ -64,7 +64,7 @@ def sched_smem(p: Plan):
     FlashMLA 9241ae3 ``get_decoding_sched_meta.cu``; measured on an H200: 11622 ok, 11623 exits
     (dense and sparse, s_q 1 and 4).
     """
-    if not p.is_decode:
+    if not p.is_decode or not p.split_kv or p.gen["sched_smem"].get("static") or p.falls_back:
         return None
     c: DecodeCall = p.call
     need, limit = p.sched_smem_bytes, p.gpu.smem_optin
@@ -571,6 +571,16 @@ def implementation_exists(p: Plan):
     FlashMLA 9241ae3 ``csrc/api/sparse_decode.h``, ``dense_decode.h``.
     """
     c = p.call
+    if isinstance(c, SparsePrefillCall):
+        archs = p.gen.get("prefill_archs")
+        if archs is None or p.gpu.arch in archs:
+            return None
+        return [implementation_exists.rule.finding(
+            f"no sparse prefill implementation for {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]}) in {p.gen['build']}'s "
+            f"{p.gen['name']} kernels; expected {sm_list(archs)}",
+            subject=_subject(p), numbers={"cc": list(p.gpu.cc)},
+            fix="use the build's kernels for this GPU (use_legacy=True on SM90)",
+            failure="python_exception: RuntimeError (kernel not built for this architecture), recoverable")]
     if not isinstance(c, DecodeCall) or p.implementation is not None:
         return None
     archs, arch = path_archs(p.gen, c.kind), p.gpu.arch
@@ -612,3 +622,74 @@ def sparse_prefill_rows(p: Plan):
         return None
     return [sparse_prefill_rows.rule.finding("query rows expected >= 1, got 0", subject=_subject(p),
                                              numbers={"s_q": 0, "min": 1}, fix="do not launch the kernel for an empty chunk")]
+
+
+@rule("FMLA015", reads="rows")
+def sched_fallback(p: Plan):
+    """The scheduler does not fit in shared memory and this build falls back to a slow one (a warning).
+
+    ## What it checks
+    Builds with a low-shared-memory fallback (``sgl-flash-mla`` 1.0.0's legacy kernels, sgl-kernel's
+    vendored copy) run the same schedule through ``get_mla_metadata_kernel_low_smem`` when the fast
+    scheduler's shared memory (``4*(3b+1)`` bytes on sgl-flash-mla, b <= 19370 on an H200) does not
+    fit. The metadata is identical; the call is legal.
+
+    ## Why it crashes
+    It does not: it is a cliff in time. the fallback scheduler takes about 7-8x the fast path's
+    device time per call (H200: 916 us at b = 19370, 7021 us at 19371, 21537 us at 60000), and a
+    DeepSeek-V4 forward makes three calls. The build prints ``[WARNING] batch_size=N requires XB
+    shared memory (max=232448B), using low-smem fallback kernel.``
+
+    ## Example
+    A 3 x 8192-token prefill (b = 24576) on sgl-flash-mla 1.0.0.
+
+    ## Fix
+    Keep forwards at or below the fast path's rows (``--chunked-prefill-size``) where step time
+    matters; split as proposed.
+
+    ## Source
+    sgl-flash-mla 1.0.0 measured on an H200 (b up to 200000 ran; scheduler device time per b).
+    """
+    if not p.is_decode or not p.split_kv or not p.falls_back:
+        return None
+    need, limit = p.sched_smem_bytes, p.gpu.smem_optin
+    if need <= limit:
+        return None
+    fb = p.gen["sched_smem"]["fallback"]
+    fast = p.fast_sched_rows
+    return [sched_fallback.rule.finding(
+        f"query rows {p.call.b} exceed the fast scheduler's {fast} (expected {_smem_formula(p.gen['sched_smem'])} "
+        f"<= {limit} B on {p.gpu.name}, got {need} B): {p.gen['build']} runs {fb['kernel']} instead; {fb['cost']}",
+        subject=_subject(p), numbers={"b": p.call.b, "fast_b": fast, "smem_bytes": need, "smem_limit": limit},
+        fix=f"keep calls at <= {fast} rows where step time matters (split the forward)")]
+
+
+@rule("FMLA016", reads="rows")
+def static_batch(p: Plan):
+    """A scheduler with static per-request arrays takes at most their size of requests.
+
+    ## What it checks
+    The dense fp8 path (``fwd_kvcache_mla_fp8``, scheduled by ``get_mla_decoding_metadata(...,
+    is_fp8_kvcache=True)``) runs FlashMLA's first-generation scheduler, whose per-request arrays
+    have a fixed size: b <= 4095.
+
+    ## Why it crashes
+    ``Assertion failed (.../dense_fp8/flash_fwd_mla_metadata.cu:74): params.batch_size <
+    MaxBatchSize`` and the process exits with code 1.
+
+    ## Example
+    ``{"kind": "dense_fp8", "b": 4096, "s_q": 1, "h_q": 128, "seqlens": [...]}``.
+
+    ## Fix
+    Keep dense fp8 decode batches at <= 4095 requests (``--max-running-requests``), or split.
+
+    ## Source
+    Measured on an H200 with sgl-flash-mla 1.0.0: 4095 ok, 4096 exits.
+    """
+    lim = p.gen.get("max_batch")
+    if not p.is_decode or lim is None or p.call.b <= lim["max_b"]:
+        return None
+    return [static_batch.rule.finding(
+        f"{p.call.b} requests exceed the scheduler's static arrays; expected b <= {lim['max_b']}, got {p.call.b}",
+        subject=_subject(p), numbers={"b": p.call.b, "max_b": lim["max_b"]},
+        fix=f"split into calls of <= {lim['max_b']} requests", failure=lim["failure"])]

@@ -442,6 +442,42 @@ def schedule_reference(s: list[int] | np.ndarray, num_sm_parts: int, fixed_overh
     return Schedule(b, P, splits, rows=rows)
 
 
+def schedule_first_generation(seqlens, num_sm_parts: int, fixed_overhead: int, block: int = 64) -> Schedule:
+    """FlashMLA's first-generation scheduler (2025; the dense fp8 path still runs it).
+
+    ``ceil(seqlen / block)`` blocks per request (an empty request has none), ``payload =
+    ceil(total / P) + F`` with ``total = sum(blocks + F)``, the same greedy walk as the current
+    scheduler; each partition's row is ``[begin_req, begin_seqlen, end_req, end_seqlen,
+    begin_split]`` in *token* positions (block index x ``block``; an end that closes a whole request
+    is that request's seqlen). Partitions after all work is placed begin at ``b``, token 0, and end
+    with the last request.
+    """
+    s = [int(x) for x in seqlens]
+    b, P, F = len(s), num_sm_parts, fixed_overhead
+    n = [-(-x // block) for x in s]
+    payload = -(-sum(x + F for x in n) // P) + F
+    rows, splits = [], []
+    r = k = j = 0
+    for _ in range(P):
+        budget = payload
+        begin = [r, k * block, j]
+        while r < b:
+            need = n[r] - k + F
+            if budget >= need:
+                budget -= need
+                r, k, j = r + 1, 0, 0
+            else:
+                if budget - F > 0:
+                    k += budget - F
+                    j += 1
+                    splits.append(r)
+                break
+        end_req = r if k > 0 else r - 1
+        end_seqlen = k * block if k > 0 else s[end_req]
+        rows.append([begin[0], begin[1], end_req, end_seqlen, begin[2], 0, 0])
+    return Schedule(b, P, splits, rows=rows)
+
+
 def _walk_prefix(C, P: int, F: int, total: int):
     """The greedy walk over prefix sums ``C`` (a list of ints)."""
     QF = -(-total // P) + F

@@ -57,6 +57,7 @@ class BatchPlan:
     max_rows: int | None = None
     slots: Any = None
     profiles: tuple = ()
+    rows_only: bool = False     # only rules that read rows and the configuration run: no per-row lengths
 
     def to_dict(self) -> dict:
         d: dict = {"forward_mode": self.batch.forward_mode, "versions": self.versions}

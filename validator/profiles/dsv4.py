@@ -204,7 +204,7 @@ class Dsv4Profile(Profile):
                 bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, kernel), "sparse_prefill"))
             return
         b = max(rows, 1)
-        if not 0 < rows <= setup.max_rows:  # per-row lengths only matter (and are only built) when the scheduler runs
+        if bp.rows_only or not 0 < rows <= setup.max_rows:  # per-row lengths only matter when the scheduler runs
             for name, r, extra_topk, shape, _, quiet in setup.calls:
                 p = step_plan(shape, b, None, None, memo, None, quiet)
                 bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
