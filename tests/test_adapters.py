@@ -380,7 +380,7 @@ def test_documented_vllm_snippet_refuses_an_oversized_step():
 
 
 def test_headroom_of_an_engine_object():
-    c = Checker(engine="sglang-dsv4@post-25418")
+    c = Checker(engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3")
     h = c.headroom(schedule_batch(ForwardMode.EXTEND, ["p1", "p2"], extend=[4096, 4096]))
     assert h.rows == 8192 and h.more_rows == LIMIT - 8192 and h.rows_to_route == 11673 + 1 - 8192
     d = c.headroom(schedule_batch(ForwardMode.DECODE, ["a", "b", "c"], seq=[5, 6, 7]))

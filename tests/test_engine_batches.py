@@ -108,7 +108,7 @@ def test_large_prefill_is_routed_to_sparse_prefill_when_the_version_has_routing(
 
 @pytest.mark.parametrize("rows,legal", [(LIMIT - 1, True), (LIMIT, True), (LIMIT + 1, False)])
 def test_decode_forward_rows_at_the_limit(rows, legal):
-    doc = {"engine": "sglang-dsv4@post-25418", "gpu": "H200", "forward_mode": "decode",
+    doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "decode",
            "requests": [{"id": f"r{i}", "seq_len": 100 + i} for i in range(rows)]}
     rep = validator.check(doc)
     assert rep.legal is legal
@@ -118,7 +118,7 @@ def test_decode_forward_rows_at_the_limit(rows, legal):
 
 @pytest.mark.parametrize("bs,draft", [(2905, 4), (2906, 4), (1452, 8), (1453, 8)])
 def test_target_verify_rows_are_batch_times_draft_tokens_and_never_routed(bs, draft):
-    doc = {"engine": "sglang-dsv4@post-25418", "gpu": "H200", "forward_mode": "target_verify",
+    doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "target_verify",
            "server_args": {"speculative_num_draft_tokens": draft},
            "requests": [{"id": f"r{i}", "seq_len": 500} for i in range(bs)]}
     rep = validator.check(doc)
@@ -129,7 +129,7 @@ def test_target_verify_rows_are_batch_times_draft_tokens_and_never_routed(bs, dr
 
 @pytest.mark.parametrize("rows", [ROUTING_THRESHOLD, ROUTING_THRESHOLD + 1])
 def test_routing_threshold_edges(rows):
-    doc = {"engine": "sglang-dsv4@post-25418", "gpu": "H200", "forward_mode": "extend",
+    doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "extend",
            "requests": [{"id": "p", "extend_tokens": rows}]}
     rep = validator.check(doc)
     assert rep.legal is (rows > ROUTING_THRESHOLD)
@@ -275,7 +275,7 @@ def test_split_is_minimal_against_brute_force(seed):
 
 def test_split_handles_the_non_monotone_routing_gap():
     # With routing, 11700 rows is legal (routed) but 11650 is not: a greedy "fill up" is not enough.
-    doc = {"engine": "sglang-dsv4@post-25418", "gpu": "H200", "forward_mode": "extend",
+    doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "extend",
            "requests": [{"id": "a", "extend_tokens": 11000}, {"id": "b", "extend_tokens": 650},
                         {"id": "c", "extend_tokens": 50}]}
     rep = validator.check(doc)

@@ -24,8 +24,8 @@ R, E, DRAFT = 32, 64, 3
 
 CONFIGS = {
     "pre": dict(engine="sglang-dsv4@pre-25418", server_args={}),
-    "post": dict(engine="sglang-dsv4@post-25418", server_args={"speculative_num_draft_tokens": DRAFT}),
-    "mixed": dict(engine="sglang-dsv4@post-25418", server_args={"enable_mixed_chunk": True,
+    "post": dict(engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3", server_args={"speculative_num_draft_tokens": DRAFT}),
+    "mixed": dict(engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3", server_args={"enable_mixed_chunk": True,
                                                                "speculative_num_draft_tokens": DRAFT}),
     "slots": dict(engine=["sglang-dsv4@pre-25418", "sglang-slots@pre-fix"],
                   server_args={"max_running_requests": R, "disaggregation_mode": "decode",

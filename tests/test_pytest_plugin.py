@@ -52,12 +52,12 @@ DOC = {k: v for k, v in SEED.items() if k != "engine"}   # the engine comes from
 def test_ini_engine_has_no_routing(batch_validator):
     batch_validator.assert_illegal(DOC, "FMLA001", "SGL001")
 
-@pytest.mark.validate_batch(engine="sglang-dsv4@post-25418")
+@pytest.mark.validate_batch(engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3")
 def test_marker_engine_routes_large_prefills(batch_validator):
     rep = batch_validator.check({**DOC, "requests": [{"id": "big", "extend_tokens": 20000}]})
     assert rep.legal and rep.context["routing"]["routed"]
 
-@pytest.mark.validate_batch(engine="sglang-dsv4@post-25418")
+@pytest.mark.validate_batch(engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3")
 def test_marker_engine_gap(batch_validator):
     batch_validator.assert_illegal({**DOC, "requests": [{"id": "gap", "extend_tokens": 11640}]}, "SGL001")
 
@@ -80,7 +80,7 @@ def test_helper_fails():
     assert_batch_legal(SEED)
 
 def test_helper_with_engine_settings():
-    assert_batch_legal({k: v for k, v in SEED.items() if k != "engine"}, engine="sglang-dsv4@post-25418",
+    assert_batch_legal({k: v for k, v in SEED.items() if k != "engine"}, engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3",
                        gpu="H200")
 
 def test_illegal_expectation_wrong_code():

@@ -43,7 +43,7 @@ def test_checker_report_context_matches_its_batch_plan():
     rep = chk.check("decode", seq_lens=seq, req_pool_indices=list(range(1, 41)))
     bp = rep.batch_plan
     expected = {"kind": "batch", "batch": {"label": "", "gpu": bp.batch.gpu.to_dict(), "requests": 40, "running": 0},
-                **bp.to_dict()}
+                "kernel_build": "flashmla-9241ae3", **bp.to_dict()}   # the build spring-2026 DSv4 builds ran
     assert rep.context == expected
     assert rep.context["query_rows"] == 40 and rep.context["forward_mode"] == "decode"
     doc = json.loads(json.dumps(rep.to_dict()))

@@ -24,7 +24,7 @@ import numpy as np
 from .errors import InputError
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
 from .flashmla.calls import MAX_ROWS
-from .knowledge import GPU, load, resolve_gpu
+from .knowledge import GPU, build, load, resolve_gpu
 from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, normalize_setting
 
 
@@ -175,6 +175,7 @@ class Batch:
     model: Mapping[str, Any] = field(default_factory=dict)
     buffers: tuple = ()
     label: str = ""
+    kernel_build: str | None = None    # the FlashMLA build it runs on (None: the engine version's)
 
     def arg(self, name: str, default: Any = None) -> Any:
         v = self.server_args.get(name)
@@ -210,6 +211,8 @@ class Batch:
             d["padded_rows"] = self.padded_rows
         if self.model:
             d["model"] = dict(self.model)
+        if self.kernel_build:
+            d["kernel_build"] = self.kernel_build
         return d
 
 
@@ -292,7 +295,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     if not isinstance(doc, Mapping):
         raise InputError("batch", f"expected an object, got {type(doc).__name__}")
     allowed = {"engine", "profile", "gpu", "server_args", "forward_mode", "requests", "running",
-               "padded_rows", "model", "buffers", "label", "name", "expected"}
+               "padded_rows", "model", "buffers", "label", "name", "expected", "kernel_build"}
     for k in doc:
         if k not in allowed:
             raise InputError(str(k), f"unknown field (known: {', '.join(sorted(allowed))})")
@@ -370,7 +373,12 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             elif k != "name" and not isinstance(v, str):
                 raise InputError(f"{where}.{k}", f"expected a string, got {v!r}")
     label = doc.get("label") or doc.get("name") or ""
-    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label))
+    kb = doc.get("kernel_build")
+    if kb is not None:
+        if not isinstance(kb, str):
+            raise InputError("kernel_build", f"expected a FlashMLA build name, got {kb!r}")
+        kb = build(kb)["name"]
+    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label), kb)
 
 
 def is_batch_document(doc: Any) -> bool:

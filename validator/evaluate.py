@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .batch import Batch
+from .knowledge import build
 from .profiles import BatchPlan, get_profile, resolve_version
 from .report import Finding, Report
 from .ruleset import run_rules
@@ -41,6 +42,15 @@ class EngineSetup:
         return frozenset().union(*(p.provides for p in self.profiles)) if self.parts else frozenset()
 
     @property
+    def kernel_build(self) -> str:
+        """The FlashMLA build the calls run on (named, or the one the engine version ships)."""
+        for _, _, part in self.parts:
+            k = getattr(part, "kernel", None)
+            if k is not None:
+                return build(k)["name"]
+        return build(None)["name"]
+
+    @property
     def guarantees(self) -> frozenset:
         """Rule inputs every profile of the batch keeps within their limits."""
         gs = [p.guarantees for p in self.profiles]
@@ -48,6 +58,8 @@ class EngineSetup:
 
 
 def engine_setup(batch: Batch, kernel: str | None = None) -> EngineSetup:
+    """``kernel``: the FlashMLA build to judge by; None: the batch's own, else its engine version's."""
+    kernel = kernel or batch.kernel_build
     versions, parts = [], []
     for name, ver in batch.profiles:
         v = resolve_version(name, ver)
@@ -99,6 +111,6 @@ def evaluate(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSe
     report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
                                                              "requests": len(batch.requests),
                                                              "running": len(batch.running)},
-                                  **bp.to_dict()})
+                                  "kernel_build": setup.kernel_build, **bp.to_dict()})
     report.batch_plan = bp
     return report

@@ -156,13 +156,18 @@ class Checker:
 
     def __init__(self, engine: Any = None, gpu: Any = "H200", server_args: Any = None, *,
                  model: Mapping | None = None, buffers: list | None = None, kernel: str | None = None,
-                 split: bool = True):
+                 split: bool = True, kernel_build: str | None = None):
         doc: dict = {"engine": default_profile() if engine is None else engine, "server_args": _server_args(server_args), "forward_mode": "decode",
                      "requests": [{"id": "probe", "seq_len": 1}]}
         if model:
             doc["model"] = dict(model)
         if buffers:
             doc["buffers"] = [dict(b) if isinstance(b, Mapping) else b for b in buffers]
+        if kernel_build is not None and kernel is not None and kernel_build != kernel:
+            raise InputError("kernel_build", f"given twice: kernel={kernel!r}, kernel_build={kernel_build!r}")
+        kernel = kernel or kernel_build
+        if kernel is not None:
+            doc["kernel_build"] = kernel
         tmpl = batch_from_dict(doc, gpu)
         self._template = replace(tmpl, server_args=MappingProxyType(dict(tmpl.server_args)),
                                  model=MappingProxyType(dict(tmpl.model)), label="")
@@ -177,6 +182,7 @@ class Checker:
         self._setup = engine_setup(self._template, kernel)
         b = self._bounds = derive_bounds(self._template, self._setup, kernel)
         self.versions = dict(self._setup.versions)
+        self.kernel_build: str = self._setup.kernel_build     # the FlashMLA build steps are judged by
         self.static_findings = b.static_findings
         self.draft_tokens = draft_tokens(self._template)
         self.mixed_chunk = bool(self._template.arg("enable_mixed_chunk", False))

@@ -132,6 +132,7 @@ class Dsv4Setup:
     prefill_topk: tuple
     draft_tokens: int
     version: str
+    kernel: str | None          # the FlashMLA build the calls run on
 
 
 @lru_cache(maxsize=256)
@@ -154,7 +155,7 @@ def _setup(gpu, kernel: str | None, h_q: int, context_length: int, threshold: in
         calls.append((spec["name"], r, extra_topk, shape, _shape_quiet(shape, True, extra_topk is not None),
                       _shape_quiet(shape, False, False)))
         prefill.append((spec["name"], topk + (extra_topk or 0)))
-    return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version)
+    return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version, kernel)
 
 
 def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool) -> str:
@@ -182,6 +183,7 @@ class Dsv4Profile(Profile):
     guarantees = frozenset({"lengths"})
 
     def setup(self, batch: Batch, version: dict, kernel: str | None) -> Dsv4Setup:
+        kernel = kernel or version.get("kernel_build")    # the build this engine version ships
         dflt = _data()["defaults"]
         ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
         return _setup(batch.gpu, kernel, heads_per_rank(batch, dflt), ctx, version.get("sparse_prefill_threshold"),
@@ -201,7 +203,7 @@ class Dsv4Profile(Profile):
         if routed:
             for name, topk in setup.prefill_topk:
                 call = SparsePrefillCall(s_q=rows, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
-                bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, kernel), "sparse_prefill"))
+                bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, setup.kernel), "sparse_prefill"))
             return
         b = max(rows, 1)
         if bp.rows_only or not 0 < rows <= setup.max_rows:  # per-row lengths only matter when the scheduler runs
