@@ -164,6 +164,7 @@ def _sparse(b: int, **kw) -> dict:
     # 4*(4b+1) <= 232448  ->  b <= 14527, on the SM100 current kernels when the KV is split
     ("flashmla-2026.09.30", "B200", {"topk": 128, "extra_topk": 640}, (SMEM - 4) // 16),
     ("vllm-0.33", "B200", {"topk": 128, "extra_topk": 640}, (SMEM - 4) // 16),
+    ("vllm-0.33", "H200", {}, (SMEM - 4) // 20),                 # SM90: its legacy kernels, no fallback
     (SGLFM, "B200", {"topk": 128, "extra_topk": 640, "use_legacy": False}, (SMEM - 4) // 16),
 ])
 def test_row_limits_per_build(build, gpu, call, limit):

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from . import _accel, cli_bisect, cli_kernel
 from .api import check_plan
@@ -18,7 +19,7 @@ from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
-from .knowledge import gpu_by_name, gpu_names, load
+from .knowledge import build, build_names, gpu_by_name, gpu_names, load
 from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
 from .quick import batch_doc_from_flags
@@ -169,9 +170,10 @@ def metadata(
 def check(
     file: Optional[str] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile."),
+    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA build to judge by (see `validate-batch builds`); default: the one the engine version ships."),
     example: Optional[str] = typer.Option(None, "--example", help="Check a built-in example instead of FILE (e.g. dsv4-prefill-3x4096)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable verdict: legal, findings, calls, safe_split."),
+    across_builds: bool = typer.Option(False, "--across-builds", help="Also judge the same input by every known FlashMLA build: one verdict each (crash, fallback, fine)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     run_kernel: bool = typer.Option(False, "--kernel", help="Also run the real FlashMLA kernels (needs a GPU and a FlashMLA build) and diff them with the model."),
     engine: Optional[str] = typer.Option(None, "--engine", help="Quick batch without a file: engine profile, e.g. sglang-dsv4@pre-25418."),
@@ -199,20 +201,32 @@ def check(
 
     * `validate-batch check --example pd-decode-slot-96 --reproduce`
 
+    * `validate-batch check --example dsv4-prefill-3x4096 --across-builds`
+
+    * `validate-batch check --example dsv4-prefill-3x4096 --kernel-gen sgl-flash-mla-1.0.0`
+
     * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
     """
     output = Output.for_flags(as_json, quiet)
     out = output.console
     try:
+        if kernel is not None:
+            kernel = build(kernel)["name"]
         if engine is not None:
             doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu)
-            report, payload = check_batch_document(doc, gpu=gpu, kernel=kernel)
+
+            def run(k):
+                return check_batch_document(doc, gpu=gpu, kernel=k)
         else:
             if example:
                 file = _example_path(example)
             if file is None:
                 raise InputError("FILE", "give a file, '-' for stdin, --example NAME, or a quick batch with --engine")
-            report, payload = check_documents(file, gpu, kernel)
+
+            def run(k):
+                return check_documents(file, gpu, k)
+        report, payload = run(kernel)
+        matrix = across(run, report, payload) if across_builds else None
         repro = None
         if reproduce:
             repro = reproduce_slot_findings(report)
@@ -230,9 +244,13 @@ def check(
             d["kernel"] = kernel_result
         if repro is not None:
             d["reproduction"] = repro
+        if matrix is not None:
+            d["across_builds"] = matrix
         output.json(d)
     elif not output.is_quiet:
         render_report(report, payload, out)
+        if matrix is not None:
+            render_across(matrix, out)
         for rp in repro or []:
             if not rp.get("available"):
                 out.print(f"reproduction: skipped - {rp['reason']}")
@@ -244,6 +262,57 @@ def check(
 
             render_kernel_result(kernel_result, out)
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
+
+
+def across(run, report, payload) -> list[dict]:
+    """One verdict per known build for the same input; ``runs_here`` marks the build the check used."""
+    used = payload.get("kernel_build") or (report.plans[0].gen["build"] if report.plans else None)
+    rows = []
+    for name in build_names():
+        rep = report if name == used else run(name)[0]
+        errors = sorted({f.code for f in rep.findings if f.is_error})
+        warnings = sorted({f.code for f in rep.findings if f.severity == "warning"})
+        if rep.legal:
+            outcome = "legal, falls back (slow)" if "FMLA015" in warnings else "legal"
+        elif errors == ["FMLA013"]:
+            outcome = "cannot run on this GPU"
+        else:
+            outcome = "illegal"
+        rows.append({"build": name, "legal": rep.legal, "errors": errors, "warnings": warnings, "outcome": outcome,
+                     "status": build(name).get("status", ""), "runs_here": name == used})
+    return rows
+
+
+def render_across(matrix: list[dict], out) -> None:
+    t = Table("build", "verdict", "rules", title="the same input on every known FlashMLA build")
+    for r in matrix:
+        style = "red" if not r["legal"] else ("yellow" if r["warnings"] else "green")
+        t.add_row(Text(r["build"] + (" *" if r["runs_here"] else ""), no_wrap=True), Text(r["outcome"], style=style),
+                  ", ".join(r["errors"] + r["warnings"]) or "-")
+    out.print(t)
+    out.print("* the build this check judged by (named with --kernel-gen, or the one the engine version ships); "
+              "`validate-batch builds` says what is measured and what is read from source or binary")
+
+
+@app.command("builds")
+def builds_cmd(as_json: bool = typer.Option(False, "--json", help="The builds as JSON.")):
+    """List the FlashMLA builds the tool knows, with the kernels each runs and what is measured.
+
+    Example: `validate-batch builds`
+    """
+    output = Output.for_flags(as_json)
+    rows = []
+    for name in build_names():
+        b = build(name)
+        rows.append({"build": name, "kernels": b["kernels"], "status": b.get("status", ""),
+                     "source": b.get("source", "")})
+    if output.is_json:
+        output.json(rows)
+        return
+    t = Table("build", "kernels (by use_legacy / path)", "facts")
+    for r in rows:
+        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"])
+    output.console.print(t)
 
 
 @app.command("rules")

@@ -128,7 +128,8 @@ def build(name: str | None = None) -> dict:
     raise InputError("kernel", f"unknown FlashMLA build {key!r}; known: {', '.join(build_names())}")
 
 
-def generation_name(name: str | None, path: str | None = None, use_legacy: bool | None = None) -> str:
+def generation_name(name: str | None, path: str | None = None, use_legacy: bool | None = None,
+                    arch: int | None = None) -> str:
     """The generation that runs a call of ``path`` (sparse, dense, dense_fp8, prefill) with this
     ``use_legacy`` on build ``name``: by ``use_legacy`` where the build has both halves (its default
     when None), else by path, else the build's ``*``."""
@@ -137,7 +138,15 @@ def generation_name(name: str | None, path: str | None = None, use_legacy: bool 
     if path == "prefill" and path not in kernels:
         path = "sparse"             # flash_mla_sparse_fwd ships with the sparse decode kernels
     if path is not None and path in kernels:
-        return kernels[path]
+        k = kernels[path]
+        if isinstance(k, dict):             # by compute-capability major
+            if arch is None:
+                return next(iter(k.values()))
+            if str(arch) not in k:
+                raise InputError("kernel", f"build {b['name']} has no {path} kernels for SM{arch}0 (it has: "
+                                           f"{', '.join('SM' + a + '0' for a in k)})")
+            return k[str(arch)]
+        return k
     if "legacy" in kernels:
         legacy = b.get("use_legacy_default", True) if use_legacy is None else use_legacy
         return kernels["legacy" if legacy else "current"]
@@ -149,13 +158,14 @@ def generation_name(name: str | None, path: str | None = None, use_legacy: bool 
 
 
 @lru_cache(maxsize=None)
-def generation(name: str | None = None, path: str | None = None, use_legacy: bool | None = None) -> dict:
+def generation(name: str | None = None, path: str | None = None, use_legacy: bool | None = None,
+               arch: int | None = None) -> dict:
     """The FlashMLA generation a call runs on build ``name`` (see :func:`generation_name`): its
     ``shared`` facts, then its own keys (which replace shared ones of the same name), with ``name``
     (the generation) and ``build``. ``kv_layouts`` is keyed by ``d_qk`` as an int."""
     data = load("flashmla")
     b = build(name)
-    key = generation_name(b["name"], path, use_legacy)
+    key = generation_name(b["name"], path, use_legacy, arch)
     if key not in data["generations"]:
         raise InputError("kernel", f"build {b['name']} names an unknown generation {key!r}")
     shared = {k: v for k, v in data.get("shared", {}).items() if not k.startswith("_")}

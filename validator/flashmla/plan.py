@@ -359,8 +359,8 @@ def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan
         call = call_from_record(call)
     g = resolve_gpu(gpu)
     if isinstance(call, SparsePrefillCall):
-        return Plan(call, g, generation(kernel, "prefill", call.use_legacy), None, None)
-    gen = generation(kernel, call.kind, call.use_legacy)
+        return Plan(call, g, generation(kernel, "prefill", call.use_legacy, g.arch), None, None)
+    gen = generation(kernel, call.kind, call.use_legacy, g.arch)
     if call.entry == "get_mla_decoding_metadata":
         gen = hoisted(gen)
     impl = select_implementation(call, g, gen)
