@@ -1,4 +1,4 @@
-"""Kernel-mode subcommands: ``kernel-check``, ``probe`` and ``probe-slot``.
+"""Kernel-mode subcommands: ``kernel-check``, ``probe``, ``probe-slot`` and ``env`` (alias ``doctor``).
 
 Each runs the real FlashMLA kernels (or a slot-indexed write) in child processes with a timeout and
 prints the measurement next to the model's prediction. Results on stdout, progress on stderr.
@@ -7,7 +7,7 @@ Exit codes: 0 the kernel agrees with the model (``probe-slot``: the write ran), 
 (``probe-slot``: the write failed), 2 bad input, 3 kernel mode unavailable here (no torch, CUDA GPU
 or FlashMLA build) or every call inconclusive (nothing measured about the batch), 4 internal error.
 ``check --kernel``: 1 when the batch is illegal or the kernel disagrees, else 3 when the kernel part
-is unavailable or inconclusive, else 0.
+is unavailable or inconclusive, else 0. ``env``: 0 kernel mode can run, 3 it cannot.
 """
 from __future__ import annotations
 
@@ -283,9 +283,40 @@ def probe_slot_cmd(
     raise typer.Exit(EXIT_AGREE if res.get("outcome") == "ok" else EXIT_DISAGREE)
 
 
+def env_cmd(
+    as_json: bool = typer.Option(False, "--json", help="The report as one JSON object."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not start the child process that looks at the GPU."),
+    timeout: float = typer.Option(60.0, "--timeout", help=TIMEOUT_HELP),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP, hidden=True),
+):
+    """Which FlashMLA builds are installed, which one a check would use, torch, the GPU, what to install.
+
+    Builds come from package metadata and files (nothing is imported here): name (as in
+    rules/flashmla.json), version, module path and API. `--kernel-gen auto` is the installed build,
+    else the default generation. The GPU is read in a child process (skip with --no-gpu).
+    Exit 0 kernel mode can run here, 3 it cannot (or, with --no-gpu, was not determined and cannot).
+
+    Examples: `validate-batch env`, `validate-batch doctor --json --no-gpu`
+    """
+    from .kernel.env import environment, render_environment
+
+    output = Output.for_flags(as_json)
+    if timeout <= 0:
+        output.error(InputError("--timeout", f"expected > 0 seconds, got {timeout}"))
+    env = environment(check_gpu=not no_gpu, timeout=timeout, child=_child(python, backend))
+    if output.is_json:
+        output.json(env)
+    else:
+        render_environment(env, output.console)
+    available = (env.get("kernel_mode") or {}).get("available")
+    raise typer.Exit(EXIT_AGREE if available or (available is None and no_gpu) else EXIT_UNAVAILABLE)
+
+
 def register(app) -> None:
     """Add the kernel-mode commands to the ``validate-batch`` app."""
     app.command("kernel-check")(kernel_check_cmd)
     app.command("probe")(probe_cmd)
     app.command("probe-slot")(probe_slot_cmd)
-
+    app.command("env")(env_cmd)
+    app.command("doctor", help="Same as `env`: installed FlashMLA builds, torch, the GPU, what to install.")(env_cmd)
