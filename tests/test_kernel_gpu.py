@@ -35,6 +35,21 @@ def gpu_detection():
     return det
 
 
+@pytest.fixture(scope="module")
+def upstream_9241ae3(gpu_detection):
+    """The oracle files flashmla_h200_* were recorded with upstream 9241ae3."""
+    if gpu_detection.provider.build != "flashmla-9241ae3":
+        pytest.skip(f"recorded with flashmla-9241ae3; this build is {gpu_detection.provider.build}")
+    return gpu_detection
+
+
+@pytest.fixture(scope="module")
+def sgl_flash_mla(gpu_detection):
+    if not (gpu_detection.provider.build or "").startswith("sgl-flash-mla"):
+        pytest.skip(f"needs sgl-flash-mla; this build is {gpu_detection.provider.build}")
+    return gpu_detection
+
+
 def _oracle(name: str) -> list[dict]:
     for d in ORACLE_DIRS:
         if (d / name).is_file():
@@ -58,7 +73,7 @@ def test_device_is_the_oracle_device(gpu_detection):
     assert dev["smem_optin"] == header["smem_optin"]
 
 
-def test_seed_calls(gpu_detection):
+def test_seed_calls(upstream_9241ae3):
     res = _run([{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512},
                 {"kind": "sparse", "b": 4096, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}])
     big, small = res["calls"]
@@ -70,7 +85,7 @@ def test_seed_calls(gpu_detection):
     assert res["agreement"] is True
 
 
-def test_oracle_cases_metadata_bit_for_bit(gpu_detection):
+def test_oracle_cases_metadata_bit_for_bit(upstream_9241ae3):
     """Kernel metadata today equals what the oracle recorded (columns 0..6) and what the model says."""
     from validator.kernel.check import diff_metadata
 
@@ -87,7 +102,7 @@ def test_oracle_cases_metadata_bit_for_bit(gpu_detection):
 
     for rec in picked[:4]:
         call = check_calls([rec], "H200").plans[0].call
-        r = run_job(job_for(call, gpu_detection.provider), TIMEOUT_S)
+        r = run_job(job_for(call, upstream_9241ae3.provider), TIMEOUT_S)
         d = diff_metadata(rec["tile_scheduler_metadata"], rec["num_splits"], r.payload["tile_scheduler_metadata"],
                           r.payload["num_splits"])
         assert d.identical, d.describe()
@@ -104,7 +119,7 @@ def _lengths_out_of_range(p: dict) -> bool:
     return False
 
 
-def test_oracle_probe_outcomes(gpu_detection):
+def test_oracle_probe_outcomes(upstream_9241ae3):
     """Outcome classes (and the OK line) of a spread of the recorded limit probes."""
     probes = _oracle("flashmla_h200_probes.jsonl")
     wanted = [p for p in probes if p["b"] <= 4700 and p.get("note") is None]
@@ -127,7 +142,7 @@ def test_oracle_probe_outcomes(gpu_detection):
     assert not mismatches, mismatches
 
 
-def test_sparse_prefill_probes(gpu_detection):
+def test_sparse_prefill_probes(upstream_9241ae3):
     recs = [{"kind": "prefill", "s_q": s, "h_q": 64, "d_qk": 512, "topk": 512} for s in (0, 1, 11700)]
     res = _run(recs, max_parallel=3)
     got = [e["kernel"]["oracle_outcome"] for e in res["calls"]]
@@ -143,3 +158,39 @@ def test_slot_index_out_of_bounds_on_the_device(gpu_detection):
     assert bad["cpu"]["message"] == "index 96 is out of bounds for dimension 0 with size 33"
     good = probe_slot_index(33, 4, 32, "cuda", timeout=TIMEOUT_S, with_cpu=False)
     assert good["outcome"] == "ok"
+
+
+# ----------------------------------------------------------------------------- sgl-flash-mla 1.0.0 (PyPI)
+
+SGLFM_FAST_PATH_ROWS = (232448 - 4) // 12        # 4*(3b+1) bytes of scheduler shared memory -> 19370
+
+
+def test_sglfm_legacy_runs_past_the_upstream_limit_and_notes_the_fallback(sgl_flash_mla):
+    base = {"kind": "sparse", "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
+    res = _run([dict(base, b=12288), dict(base, b=SGLFM_FAST_PATH_ROWS), dict(base, b=SGLFM_FAST_PATH_ROWS + 1)],
+               max_parallel=3)
+    assert [e["kernel"]["outcome"] for e in res["calls"]] == ["ok", "ok", "ok"]
+    assert [e["kernel"]["use_legacy"] for e in res["calls"]] == [True, True, True]
+    assert [e["fallback_used"] for e in res["calls"]] == [False, False, True]
+    assert res["calls"][2]["kernel"]["fallback"]["batch_size"] == SGLFM_FAST_PATH_ROWS + 1
+
+
+def test_sglfm_current_kernels_on_sm90_are_inconclusive(sgl_flash_mla):
+    from validator.api import check_calls
+    from validator.kernel.check import job_for
+    from validator.kernel.runner import run_job
+
+    if sgl_flash_mla.device.get("cc", [0])[0] != 9:
+        pytest.skip("the refusal is SM90's")
+    call = check_calls([{"kind": "sparse", "b": 8, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}], "H200").plans[0].call
+    r = run_job(job_for(call, sgl_flash_mla.provider, use_legacy=False), TIMEOUT_S)
+    assert r.outcome == "unsupported" and "SM100" in r.message and r.use_legacy is False
+
+
+def test_sglfm_legacy_cases_metadata(sgl_flash_mla):
+    cases = [r for r in _oracle("sglfm_h200_legacy_cases.jsonl") if "tile_scheduler_metadata" in r]
+    picked = [{k: v for k, v in r.items() if k in PROBE_KEYS + ("page",)} for r in cases[:: max(1, len(cases) // 12)][:12]]
+    res = _run(picked)
+    for e in res["calls"]:
+        assert e["kernel"]["outcome"] == "ok", e
+        assert e["metadata"] is None or e["metadata"]["identical"], e["metadata"]

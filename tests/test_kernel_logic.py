@@ -353,3 +353,72 @@ def test_template_rejects_lists_and_unknown_fields():
     with pytest.raises(InputError):
         template_record("[1, 2]", "b")
     assert isinstance(ModelScan(1, 2, None).to_dict(), dict)
+
+
+# ----------------------------------------------------------------------------- not about the batch; fallback
+
+def _raised(error_type: str, message: str):
+    return classify(0, f'{STAGE_PREFIX}call\n{RESULT_PREFIX}{{"status":"python_exception","error_type":"{error_type}",'
+                       f'"message":"{message}"}}\n', "")
+
+
+@pytest.mark.parametrize("error_type,message", [
+    ("RuntimeError", "sparse_decode_fwd is only supported on SM100f architectures"),
+    ("RuntimeError", "CUDA error: no kernel image is available for execution on the device"),
+    ("ModuleNotFoundError", "No module named 'flash_mla.cuda'"),
+    ("AttributeError", "module 'flash_mla' has no attribute 'get_mla_decoding_metadata'"),
+    ("TypeError", "flash_mla_with_kvcache() got an unexpected keyword argument 'use_legacy'"),
+])
+def test_exceptions_about_the_environment_are_inconclusive(error_type, message):
+    r = _raised(error_type, message)
+    assert (r.outcome, r.verdict, r.is_conclusive) == ("unsupported", "inconclusive", False)
+    assert r.inconclusive_reason.startswith("not about the batch")
+    model = ModelView("illegal", ("FMLA001",), expected_failure="process_exit")
+    assert agreement(model, r) == "inconclusive" and agreement(ModelView("legal"), r) == "inconclusive"
+
+
+def test_exception_about_the_batch_stays_a_python_exception():
+    # sgl-flash-mla: topk % 64 != 0 is a RuntimeError from a host check (recoverable), about the call
+    r = _raised("RuntimeError", "Assertion failed (splitkv_mla.cuh:691): params.topk % 64 == 0")
+    assert r.outcome == "python_exception" and r.is_conclusive
+
+
+def test_failure_class_must_match_for_agreement():
+    exc = _raised("RuntimeError", "params.topk % 64 == 0")
+    crash_predicted = ModelView("illegal", ("FMLA004",), expected_failure="process_crash")
+    assert agreement(crash_predicted, exc) == "disagree"
+    either = ModelView("illegal", ("FMLA005",), expected_failure="process_crash",
+                       expected_failures=("process_crash", "python_exception"))
+    assert agreement(either, exc) == "agree"
+
+
+def test_failure_classes_named_in_catalog_text():
+    from validator.kernel.check import failure_classes
+
+    assert failure_classes("process_crash for h_q outside {64, 128} (SIGSEGV); python_exception for d_qk") == \
+        ("process_crash", "python_exception")
+    assert failure_classes("python_exception or host assertion") == ("python_exception", "process_crash")
+    assert failure_classes("process_exit: exit(1)") == ("process_exit",)
+
+
+def test_fallback_warning_is_read_from_either_stream():
+    line = ("[WARNING] batch_size=19371 requires 232456B shared memory (max=232448B), using low-smem fallback "
+            "kernel.")
+    for out, err in ((f"{line}\n" + ok_stdout(), ""), (ok_stdout(), line + "\n")):
+        r = classify(0, out, err)
+        assert r.outcome == "ok" and r.fallback == {"batch_size": 19371, "smem_bytes": 232456, "smem_max": 232448,
+                                                    "text": line}
+    assert classify(0, ok_stdout(), "").fallback is None
+
+
+def test_kernel_check_without_torch_exits_3(monkeypatch):
+    from typer.testing import CliRunner
+
+    import validator.kernel.providers as prov
+    from validator.cli import app
+
+    monkeypatch.setattr(prov, "torch_installed", lambda: False)
+    r = CliRunner().invoke(app, ["kernel-check", "-"], input='{"kind":"sparse","b":8,"s_q":1,"h_q":64,"d_qk":512,"topk":128}')
+    assert r.exit_code == 3 and "unavailable" in r.stdout and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["check", "--kernel", "-"], input='{"kind":"sparse","b":8,"s_q":1,"h_q":64,"d_qk":512,"topk":128}')
+    assert r.exit_code == 3, r.output           # legal, but the kernel could not confirm it

@@ -22,6 +22,7 @@ MAX_ROWS_H200 = (SMEM_OPTIN_H200 - 4) // 20        # 4*(5b+1) bytes of scheduler
 
 STANDIN_SOURCE = r'''
 """Stand-in for FlashMLA in the kernel-mode child: same failure modes, no torch, no GPU."""
+import ctypes
 import json
 import os
 import signal
@@ -70,6 +71,9 @@ def run(job, stage, partial):
         prov = {"name": "flash_mla", "module": "flash_mla", "api": "sched_meta",
                 "features": ["extra_indices", "extra_k_cache", "extra_topk_length", "indices", "is_fp8_kvcache",
                              "topk_length"], "reason": "stand-in"}
+        if mode == "sglfm":   # the PyPI fork: every entry point takes use_legacy
+            prov = dict(prov, features=prov["features"] + ["use_legacy"], distribution="sgl-flash-mla",
+                        version="1.0.0")
         if mode == "no-provider":
             prov = dict(prov, api=None, reason="import failed: ModuleNotFoundError: No module named 'flash_mla'")
         out = {"torch": "0.0+standin", "cuda_available": mode != "no-cuda", "providers": [prov]}
@@ -91,7 +95,21 @@ def run(job, stage, partial):
         raise RuntimeError("CUDA error: device-side assert triggered")
     rec = job["record"]
     label = rec.get("label", "")
+    use_legacy = job.get("use_legacy", rec.get("use_legacy"))
+    if use_legacy is None and os.environ.get("STANDIN_DETECT") == "sglfm":
+        use_legacy = True          # what the torch backend passes to a provider that takes it
+    if use_legacy is not None:
+        partial({"use_legacy": use_legacy})
     stage("call")
+    if use_legacy is False or os.environ.get("STANDIN_RAISE") == "sm100f":
+        raise RuntimeError("sparse_decode_fwd is only supported on SM100f architectures")
+    if label == "standin:attr":
+        raise AttributeError("module 'flash_mla' has no attribute 'flash_mla_sparse_fwd'")
+    fb = int(os.environ.get("STANDIN_FALLBACK_ABOVE", "0") or 0)
+    if fb and rec.get("b", 0) > fb:   # printed by C stdio, as the library does: lost unless flushed
+        b = rec["b"]
+        ctypes.CDLL(None).printf(b"[WARNING] batch_size=%d requires %dB shared memory (max=232448B), using "
+                                 b"low-smem fallback kernel.\n", ctypes.c_int(b), ctypes.c_int(4 * (3 * b + 1)))
     limit = int(os.environ.get("STANDIN_B_LIMIT", "0") or 0)
     if limit and rec.get("b", 0) > limit:
         die(SCHED, 111, "invalid argument")
@@ -397,3 +415,155 @@ def test_cli_check_kernel_without_gpu_never_tracebacks(monkeypatch):
     assert r.exit_code == 1 and r.exception is None or isinstance(r.exception, SystemExit)
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d["legal"] is False and d["kernel"]["available"] is False
+
+
+# ----------------------------------------------------------------------------- outcome classes
+
+SGLFM_FAST_PATH_ROWS = (SMEM_OPTIN_H200 - 4) // 12     # 4*(3b+1) bytes on the legacy fast path -> 19370
+
+
+def test_architecture_refusal_is_inconclusive_never_agreement(standin):
+    # sgl-flash-mla with use_legacy=False on SM90: every call raises, for a reason that is not the batch.
+    calls = [{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512},    # FMLA001
+             {"kind": "sparse", "b": 4096, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}]     # legal
+    res = kernel_check_report(check_calls(calls, "H200"), None, child=spec(standin, STANDIN_RAISE="sm100f"),
+                              timeout=30)
+    assert [e["kernel"]["outcome"] for e in res["calls"]] == ["unsupported", "unsupported"]
+    assert [e["agreement"] for e in res["calls"]] == ["inconclusive", "inconclusive"]
+    assert all("architecture" in e["agreement_reason"] for e in res["calls"])
+    assert res["summary"]["status"] == "inconclusive" and res["agreement"] is False
+    from rich.console import Console
+
+    from validator.kernel.check import render_kernel_result
+
+    con = Console(record=True, width=200)
+    render_kernel_result(res, con)
+    text = con.export_text()
+    assert "INCONCLUSIVE" in text and "AGREE " not in text.replace("INCONCLUSIVE", "")
+    assert "only supported on SM100f architectures" in text
+
+
+def test_missing_attribute_is_inconclusive(standin):
+    res = kernel_check_report(check_calls([dict(SPARSE, label="standin:attr")], "H200"), None, child=spec(standin),
+                              timeout=30)
+    e = res["calls"][0]
+    assert (e["kernel"]["outcome"], e["agreement"]) == ("unsupported", "inconclusive")
+    assert e["kernel"]["error_type"] == "AttributeError"
+
+
+def test_illegal_call_failing_in_another_class_is_a_disagreement(standin):
+    # FMLA001 predicts exit(1) at the scheduler; a recoverable exception is not that failure.
+    rec = {"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512, "label": "standin:raise"}
+    res = kernel_check_report(check_calls([rec], "H200"), None, child=spec(standin), timeout=30)
+    e = res["calls"][0]
+    assert e["model"]["codes"][0] == "FMLA001" and e["kernel"]["outcome"] == "python_exception"
+    assert e["failure_class_match"] is False
+    assert e["agreement"] == "disagree" and "process_exit" in e["agreement_reason"]
+    assert res["summary"]["status"] == "disagree"
+
+
+def test_partly_inconclusive_run_agrees_on_what_ran(standin):
+    calls = [{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512},
+             dict(SPARSE, label="standin:hang")]
+    res = kernel_check_report(check_calls(calls, "H200"), None, child=spec(standin, STANDIN_B_LIMIT=MAX_ROWS_H200),
+                              timeout=2)
+    assert [e["agreement"] for e in res["calls"]] == ["agree", "inconclusive"]
+    assert res["summary"]["status"] == "agree"
+    assert res["summary"]["inconclusive_reasons"] == {"no result within the time limit": 1}
+
+
+def test_cli_exit_codes_by_status(standin, tmp_path):
+    from typer.testing import CliRunner
+
+    from validator.cli import app
+
+    f = tmp_path / "calls.jsonl"
+    f.write_text(json.dumps({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}) + "\n")
+    legal = tmp_path / "legal.jsonl"
+    legal.write_text(json.dumps({"kind": "sparse", "b": 4096, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}) + "\n")
+    runner = CliRunner()
+    base = ["--backend", standin, "--timeout", "30"]
+    r = runner.invoke(app, ["kernel-check", str(f), *base], env={"STANDIN_RAISE": "sm100f"})
+    assert r.exit_code == 3, r.output
+    assert "INCONCLUSIVE" in r.stdout
+    r = runner.invoke(app, ["kernel-check", str(f), *base], env={"STANDIN_B_LIMIT": str(MAX_ROWS_H200)})
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["kernel-check", str(legal), *base], env={"STANDIN_B_LIMIT": "100"})
+    assert r.exit_code == 1, r.output
+
+
+def test_check_kernel_exit_code_table():
+    from validator.cli_kernel import check_kernel_exit_code
+
+    agree = {"available": True, "status": "agree"}
+    disagree = {"available": True, "status": "disagree"}
+    inconclusive = {"available": True, "status": "inconclusive"}
+    unavailable = {"available": False, "reason": "no GPU"}
+    assert [check_kernel_exit_code(True, r) for r in (agree, disagree, inconclusive, unavailable)] == [0, 1, 3, 3]
+    assert [check_kernel_exit_code(False, r) for r in (agree, disagree, inconclusive, unavailable)] == [1, 1, 1, 1]
+    assert check_kernel_exit_code(False, agree, exit_zero=True) == 0
+    assert check_kernel_exit_code(False, disagree, exit_zero=True) == 1
+
+
+# ----------------------------------------------------------------------------- use_legacy
+
+def test_sgl_flash_mla_build_and_default_use_legacy(standin):
+    report = check_calls([SPARSE], "H200")
+    res = kernel_check_report(report, None, child=spec(standin, STANDIN_DETECT="sglfm"), timeout=30)
+    assert res["provider"]["build"] == "sgl-flash-mla-1.0.0" and res["provider"]["takes_use_legacy"] is True
+    assert res["model_generation"] == "sgl-flash-mla-1.0.0"
+    e = res["calls"][0]
+    assert e["kernel"]["outcome"] == "ok" and e["kernel"]["use_legacy"] is True and e["agreement"] == "agree"
+
+
+def test_probe_template_use_legacy_false_reaches_the_child(standin):
+    from validator.kernel.probe import probe_boundary
+
+    res = probe_boundary('{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128,"use_legacy":false}', "b", 1, 64,
+                         child=spec(standin, STANDIN_DETECT="sglfm"), timeout=30)
+    assert res["use_legacy"] is False
+    assert {p["outcome"] for p in res["probes"]} == {"unsupported"}
+    assert res["status"] == "inconclusive"
+    assert any("SM100f" in r for r in res["measured"]["inconclusive_reasons"])
+
+
+# ----------------------------------------------------------------------------- the low-smem fallback
+
+def test_fallback_warning_from_c_stdio_is_captured(standin):
+    b = SGLFM_FAST_PATH_ROWS + 1
+    r = run_job(decode_job(b=b), 30, spec(standin, STANDIN_FALLBACK_ABOVE=SGLFM_FAST_PATH_ROWS))
+    assert r.outcome == "ok" and r.fallback_used
+    assert r.fallback["batch_size"] == b and r.fallback["smem_bytes"] == 4 * (3 * b + 1)
+    assert r.fallback["smem_max"] == SMEM_OPTIN_H200
+    assert r.to_dict()["fallback_used"] is True
+    r = run_job(decode_job(b=SGLFM_FAST_PATH_ROWS), 30, spec(standin, STANDIN_FALLBACK_ABOVE=SGLFM_FAST_PATH_ROWS))
+    assert r.outcome == "ok" and not r.fallback_used
+
+
+def test_kernel_check_reports_fallback(standin):
+    b = SGLFM_FAST_PATH_ROWS + 10
+    rec = {"kind": "sparse", "b": b, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
+    res = kernel_check_report(check_calls([rec], "H200"), None,
+                              child=spec(standin, STANDIN_FALLBACK_ABOVE=SGLFM_FAST_PATH_ROWS), timeout=30)
+    e = res["calls"][0]
+    assert e["fallback_used"] is True and e["kernel"]["fallback"]["batch_size"] == b
+    assert res["summary"]["fallback_used"] == 1
+
+
+def test_probe_no_row_limit_with_fallback_noted(standin):
+    from typer.testing import CliRunner
+
+    from validator.cli import app
+
+    hi = 3 * SGLFM_FAST_PATH_ROWS
+    args = ["probe", "-q", "b", "-t", '{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128}', "--lo", "1",
+            "--hi", str(hi), "--gpu", "H200", "--backend", standin]
+    env = {"STANDIN_FALLBACK_ABOVE": str(SGLFM_FAST_PATH_ROWS)}
+    r = CliRunner().invoke(app, args + ["--json"], env=env)
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    meas = res["measured"]
+    assert meas["status"] == "hi_legal" and meas["fallback"]["probes"] >= 1
+    assert meas["fallback"]["lowest"] > SGLFM_FAST_PATH_ROWS
+    assert any(p["fallback_used"] for p in res["probes"]) and not all(p["fallback_used"] for p in res["probes"])
+    r = CliRunner().invoke(app, args, env=env)
+    assert f"no row limit up to the cap (b = {hi})" in r.stdout and "fallback used" in r.stdout

@@ -204,3 +204,94 @@ def test_a_job_of_the_wrong_call_kind_is_unavailable(fake_provider, op, record, 
     with pytest.raises(tb.Unavailable) as ei:
         getattr(tb, op)(job, _noop, _noop)
     assert str(ei.value) == f"a {what}"
+
+
+# ----------------------------------------------------------------------------- use_legacy (sgl-flash-mla)
+
+# The PyPI fork's shape: every entry point names use_legacy (default False upstream-style); on SM90 only
+# use_legacy=True runs, use_legacy=False raises.
+LEGACY_API = '''
+import torch
+
+
+class FlashMLASchedMeta:
+    tile_scheduler_metadata = None
+    num_splits = None
+
+
+def get_mla_metadata(*args, **kwargs):
+    SEEN["meta_kwargs"] = dict(kwargs)
+    return FlashMLASchedMeta(), None
+
+
+SEEN = {}
+
+
+def _arch_check(use_legacy):
+    if not use_legacy:
+        raise RuntimeError("sparse_decode_fwd is only supported on SM100f architectures")
+
+
+def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                           num_splits=None, softmax_scale=None, causal=False, is_fp8_kvcache=None, indices=None,
+                           attn_sink=None, extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None, enable_batch_invariant=False, use_legacy=False, kv_format=None):
+    SEEN["use_legacy"] = use_legacy
+    _arch_check(use_legacy)
+    tile_scheduler_metadata.tile_scheduler_metadata = torch.zeros(2, 8, dtype=torch.int32)
+    tile_scheduler_metadata.num_splits = torch.arange(q.shape[0] + 1, dtype=torch.int32)
+    return torch.zeros(1), torch.zeros(1)
+
+
+def flash_mla_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None, use_legacy=False,
+                         return_log2_lse=None):
+    SEEN["prefill_use_legacy"] = use_legacy
+    _arch_check(use_legacy)
+    return q, None, None
+'''
+
+SPARSE_REC = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 64}
+
+
+def test_legacy_provider_gets_use_legacy_true_by_default(fake_provider):
+    from validator.kernel import torch_backend as tb
+
+    mod = fake_provider("fake_sglfm", LEGACY_API)
+    partials = []
+    out = tb.run(_job(dict(SPARSE_REC), "fake_sglfm", "sched_meta"), _noop, partials.append)
+    assert mod.SEEN["use_legacy"] is True and out["use_legacy"] is True
+    assert {"use_legacy": True} in partials
+    assert mod.SEEN["meta_kwargs"] == {}      # get_mla_metadata(*args, **kwargs) does not name it
+
+
+def test_record_use_legacy_false_is_passed_as_is(fake_provider):
+    from validator.kernel import torch_backend as tb
+
+    mod = fake_provider("fake_sglfm2", LEGACY_API)
+    job = _job(dict(SPARSE_REC, use_legacy=False), "fake_sglfm2", "sched_meta")
+    partials = []
+    with pytest.raises(RuntimeError, match="SM100f"):
+        tb.run(job, _noop, partials.append)
+    assert mod.SEEN["use_legacy"] is False and {"use_legacy": False} in partials
+
+
+def test_prefill_entry_point_gets_use_legacy(fake_provider):
+    from validator.kernel import torch_backend as tb
+
+    mod = fake_provider("fake_sglfm3", LEGACY_API)
+    job = {"op": "prefill", "device": "cpu", "provider": {"name": "fake_sglfm3", "module": "fake_sglfm3",
+                                                         "api": "sched_meta"},
+           "record": {"kind": "prefill", "s_q": 4, "h_q": 64, "d_qk": 512, "topk": 64, "s_kv": 128}}
+    out = tb.run(job, _noop, _noop)
+    assert mod.SEEN["prefill_use_legacy"] is True and out["use_legacy"] is True
+
+
+def test_explicit_use_legacy_on_a_build_without_it_is_unsupported(fake_provider):
+    from validator.kernel import torch_backend as tb
+    from validator.kernel.outcome import Unsupported
+
+    fake_provider("fake_fmla_noleg", CURRENT_API)
+    with pytest.raises(Unsupported, match="use_legacy"):
+        tb.run(_job(dict(SPARSE_REC, use_legacy=True), "fake_fmla_noleg", "sched_meta"), _noop, _noop)
+    out = tb.run(_job(dict(SPARSE_REC), "fake_fmla_noleg", "sched_meta"), _noop, _noop)
+    assert "use_legacy" not in out

@@ -189,6 +189,9 @@ def check(
 ):
     """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input.
 
+    With --kernel: 1 also when the kernel disagrees, 3 when the batch is legal but the kernel could not
+    confirm it (kernel mode unavailable, or every call inconclusive).
+
     Examples:
 
     * `validate-batch check --example dsv4-prefill-3x4096`
@@ -261,6 +264,8 @@ def check(
             from .kernel.check import render_kernel_result
 
             render_kernel_result(kernel_result, out)
+    if kernel_result is not None:
+        raise typer.Exit(cli_kernel.check_kernel_exit_code(report.legal, kernel_result, exit_zero))
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
 
 

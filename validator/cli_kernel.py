@@ -1,11 +1,13 @@
-"""Kernel-mode subcommands: ``kernel-check``, ``probe`` and ``probe-slot``.
+"""Kernel-mode subcommands: ``kernel-check``, ``probe``, ``probe-slot`` and ``env`` (alias ``doctor``).
 
 Each runs the real FlashMLA kernels (or a slot-indexed write) in child processes with a timeout and
 prints the measurement next to the model's prediction. Results on stdout, progress on stderr.
 
 Exit codes: 0 the kernel agrees with the model (``probe-slot``: the write ran), 1 a disagreement
 (``probe-slot``: the write failed), 2 bad input, 3 kernel mode unavailable here (no torch, CUDA GPU
-or FlashMLA build), 4 internal error.
+or FlashMLA build) or every call inconclusive (nothing measured about the batch), 4 internal error.
+``check --kernel``: 1 when the batch is illegal or the kernel disagrees, else 3 when the kernel part
+is unavailable or inconclusive, else 0. ``env``: 0 kernel mode can run, 3 it cannot.
 """
 from __future__ import annotations
 
@@ -19,6 +21,43 @@ from .output import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, Output  # noqa: F401 (EXIT
 from .session import check_documents
 
 EXIT_AGREE, EXIT_DISAGREE = 0, 1
+
+
+def kernel_status(result: dict) -> str:
+    """``agree`` | ``disagree`` | ``inconclusive`` | ``unavailable`` for a kernel-mode result."""
+    if not result.get("available"):
+        return "unavailable"
+    status = result.get("status") or (result.get("summary") or {}).get("status")
+    if status is None:   # slot buffers only
+        status = "agree" if result.get("all_agree", result.get("agreement")) else "disagree"
+    slots = result.get("slot_buffers")
+    if isinstance(slots, dict) and slots.get("available") and slots.get("all_agree") is False:
+        status = "disagree"
+    return status
+
+
+def kernel_exit_code(result: dict) -> int:
+    """kernel-check's exit code: 0 agree, 1 disagree, 3 unavailable or nothing conclusive."""
+    return {"agree": EXIT_AGREE, "disagree": EXIT_DISAGREE}.get(kernel_status(result), EXIT_UNAVAILABLE)
+
+
+def probe_exit_code(res: dict) -> int:
+    """probe's exit code: 0 agree, 1 disagree, 3 unavailable or inconclusive."""
+    if not res["measured"].get("available"):
+        return EXIT_UNAVAILABLE
+    status = res.get("status") or ("agree" if res.get("agree") else "disagree")
+    return {"agree": EXIT_AGREE, "disagree": EXIT_DISAGREE}.get(status, EXIT_UNAVAILABLE)
+
+
+def check_kernel_exit_code(legal: bool, result: dict | None, exit_zero: bool = False) -> int:
+    """``check --kernel``: 1 illegal (0 with --exit-zero) or the kernel disagrees; 3 a legal verdict the
+    kernel could not confirm (unavailable, inconclusive); else 0."""
+    status = kernel_status(result) if result is not None else "agree"
+    if status == "disagree":
+        return EXIT_DISAGREE
+    if not legal:
+        return EXIT_AGREE if exit_zero else EXIT_DISAGREE
+    return EXIT_AGREE if status == "agree" else EXIT_UNAVAILABLE
 
 TIMEOUT_HELP = "Seconds each child process may run before its process group is killed (outcome 'timeout')."
 JOBS_HELP = "Child processes run at once (each needs its own GPU memory; 1 = one after another)."
@@ -52,7 +91,7 @@ def kernel_check_cmd(
     file:line, illegal_memory_access, process_crash with the signal, timeout), whether
     tile_scheduler_metadata and num_splits match the model bit for bit, and whether the model's
     verdict agrees; then agreement per rule code. Exit 0 all agree, 1 disagreement, 2 bad input,
-    3 kernel mode unavailable.
+    3 kernel mode unavailable or every call inconclusive.
 
     Examples:
 
@@ -84,9 +123,7 @@ def kernel_check_cmd(
         output.json(result)
     else:
         render_kernel_result(result, output.console)
-    if not result.get("available"):
-        raise typer.Exit(EXIT_UNAVAILABLE)
-    raise typer.Exit(EXIT_AGREE if result.get("agreement") else EXIT_DISAGREE)
+    raise typer.Exit(kernel_exit_code(result))
 
 
 def spread_indices(n: int, k: int) -> list[int]:
@@ -120,7 +157,8 @@ def _render_probe(res: dict, out) -> None:
     t = Table(q, "measured", "outcome", "model", "model codes", "agrees", "why probed")
     for p in res["probes"]:
         ag = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "-"}[p["agrees"]]
-        t.add_row(str(p["value"]), p["verdict"], p["outcome"], p["model_verdict"], ",".join(p["model_codes"]) or "-",
+        oc = p["outcome"] + (" (fallback kernel)" if p.get("fallback_used") else "")
+        t.add_row(str(p["value"]), p["verdict"], oc, p["model_verdict"], ",".join(p["model_codes"]) or "-",
                   ag, p["reason"])
     out.print(t)
     st = meas["status"]
@@ -128,15 +166,26 @@ def _render_probe(res: dict, out) -> None:
         out.print(f"  measured: largest legal {q} = {meas['last_legal']}, first illegal {meas['first_illegal']} "
                   f"({meas['failure']}: {escape(str(meas['failure_message'] or ''))})", markup=True)
     elif st == "hi_legal":
-        out.print(f"  measured: legal up to the top of the range ({res['range'][1]})")
+        fb = meas.get("fallback") or {}
+        if q == "b":
+            out.print(f"  measured: no row limit up to the cap (b = {res['range'][1]})"
+                      + (f"; fallback used: the low-smem fallback kernel ran from b = {fb['lowest']}"
+                         f" ({fb['probes']} probe(s))" if fb.get("probes") else ""))
+        else:
+            out.print(f"  measured: legal up to the top of the range ({res['range'][1]})"
+                      + (f"; fallback used in {fb['probes']} probe(s)" if fb.get("probes") else ""))
     elif st == "lo_illegal":
         out.print(f"  measured: already illegal at the bottom of the range ({res['range'][0]})")
     else:
         out.print("  measured: inconclusive (timeouts or unavailable probes)")
     for n in res.get("notes", []):
         out.print(f"  note: {escape(n)}", markup=True)
-    verdict = "[bold green]AGREE[/]" if res.get("agree") else "[bold red]DISAGREE[/]"
+    status = res.get("status") or ("agree" if res.get("agree") else "disagree")
+    verdict = {"agree": "[bold green]AGREE[/]", "disagree": "[bold red]DISAGREE[/]",
+               "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}.get(status, status)
     out.print(f"  kernel vs model: {verdict} ({meas['num_probes']} probes, one child process each)", markup=True)
+    for why in meas.get("inconclusive_reasons") or []:
+        out.print(f"  inconclusive: {escape(why)}", markup=True)
 
 
 def probe_cmd(
@@ -156,8 +205,10 @@ def probe_cmd(
 
     Every probe is listed with the model's prediction next to it; the model's own boundary is probed
     too, and legality that is not monotonic (as the 32-bit o_accum offset limit is) is reported,
-    never assumed away. Exit 0 agree, 1 disagree, 2 bad input, 3 no GPU/FlashMLA (the model's answer
-    is still printed).
+    never assumed away. Exit 0 agree, 1 disagree, 2 bad input, 3 no GPU/FlashMLA or every probe
+    inconclusive (the model's answer is still printed). A probe that ran on the low-smem fallback
+    kernel is legal and marked "fallback kernel"; with none failing up to --hi, b has "no row limit up
+    to the cap".
 
     Examples:
 
@@ -185,9 +236,7 @@ def probe_cmd(
         output.json(res)
     else:
         _render_probe(res, output.console)
-    if not res["measured"].get("available"):
-        raise typer.Exit(EXIT_UNAVAILABLE)
-    raise typer.Exit(EXIT_AGREE if res.get("agree") else EXIT_DISAGREE)
+    raise typer.Exit(probe_exit_code(res))
 
 
 def probe_slot_cmd(
@@ -234,8 +283,40 @@ def probe_slot_cmd(
     raise typer.Exit(EXIT_AGREE if res.get("outcome") == "ok" else EXIT_DISAGREE)
 
 
+def env_cmd(
+    as_json: bool = typer.Option(False, "--json", help="The report as one JSON object."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not start the child process that looks at the GPU."),
+    timeout: float = typer.Option(60.0, "--timeout", help=TIMEOUT_HELP),
+    python: Optional[str] = typer.Option(None, "--python", help=PYTHON_HELP),
+    backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP, hidden=True),
+):
+    """Which FlashMLA builds are installed, which one a check would use, torch, the GPU, what to install.
+
+    Builds come from package metadata and files (nothing is imported here): name (as in
+    rules/flashmla.json), version, module path and API. `--kernel-gen auto` is the installed build,
+    else the default generation. The GPU is read in a child process (skip with --no-gpu).
+    Exit 0 kernel mode can run here, 3 it cannot (or, with --no-gpu, was not determined and cannot).
+
+    Examples: `validate-batch env`, `validate-batch doctor --json --no-gpu`
+    """
+    from .kernel.env import environment, render_environment
+
+    output = Output.for_flags(as_json)
+    if timeout <= 0:
+        output.error(InputError("--timeout", f"expected > 0 seconds, got {timeout}"))
+    env = environment(check_gpu=not no_gpu, timeout=timeout, child=_child(python, backend))
+    if output.is_json:
+        output.json(env)
+    else:
+        render_environment(env, output.console)
+    available = (env.get("kernel_mode") or {}).get("available")
+    raise typer.Exit(EXIT_AGREE if available or (available is None and no_gpu) else EXIT_UNAVAILABLE)
+
+
 def register(app) -> None:
     """Add the kernel-mode commands to the ``validate-batch`` app."""
     app.command("kernel-check")(kernel_check_cmd)
     app.command("probe")(probe_cmd)
     app.command("probe-slot")(probe_slot_cmd)
+    app.command("env")(env_cmd)
+    app.command("doctor", help="Same as `env`: installed FlashMLA builds, torch, the GPU, what to install.")(env_cmd)

@@ -6,8 +6,10 @@ Nothing here imports torch in the calling process. Each kernel call runs in a fr
 
 Modules:
 
-* :mod:`.providers` - which FlashMLA build is installed (upstream ``flash_mla`` or the copy inside
-  ``sgl_kernel``) and which of its two APIs it exposes;
+* :mod:`.builds` - which FlashMLA build an installed package is, by name, from its metadata;
+* :mod:`.providers` - which FlashMLA provider can run (``flash_mla``: upstream or sgl-flash-mla; the
+  copy inside ``sgl_kernel``), which of its two APIs it exposes, and its build;
+* :mod:`.env` - what kernel mode would find here (``validate-batch env``);
 * :mod:`.runner` / :mod:`.outcome` - run one job in a child process and classify how it ended;
 * :mod:`.worker` / :mod:`.torch_backend` - the child side (torch is imported there only);
 * :mod:`.check` - run every call of a report on the GPU and compare with the model;

@@ -4,6 +4,20 @@ For each call: one child process (timeout), the kernel's outcome classified like
 ``tile_scheduler_metadata`` (columns the generation writes) and ``num_splits`` diffed against the
 model's schedule, and the model's verdict set against the kernel's. Agreement is tallied per rule
 code. Nothing here imports torch.
+
+Agreement per call:
+
+* ``agree`` - the model calls the call legal and the kernel ran; or the model calls it illegal and the
+  kernel failed *in a class the model predicts* (``failure_matches``);
+* ``agree_ub`` - the model flags undefined behaviour only, and the kernel happened to run;
+* ``disagree`` - the verdicts differ, or both say illegal but the failure class differs (an engine
+  recovers from an exception, not from ``exit(1)``);
+* ``inconclusive`` - the run says nothing about the call: timeout, nothing ran, the provider lacks a
+  feature, or the kernel refused for a reason that is not about the batch (the GPU architecture, a
+  missing build part; ``inconclusive_reason`` says which); also a failure the model names no class for.
+
+The run as a whole (``summary.status``): ``disagree`` when any call disagrees or any metadata differs;
+``inconclusive`` when no call was conclusive; else ``agree`` (inconclusive calls are counted and listed).
 """
 from __future__ import annotations
 
@@ -19,7 +33,7 @@ from ..flashmla.calls import DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan
 from ..flashmla.plan import plan as make_plan
 from ..knowledge import GPU
-from .outcome import RunResult
+from .outcome import OUTCOMES, RunResult
 from .providers import Detection, Provider, detect
 from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
 from .slots import probe_slot_index
@@ -56,9 +70,24 @@ def call_record(call) -> dict:
     return rec
 
 
-def job_for(call, provider: Provider) -> dict:
+def call_use_legacy(call) -> bool | None:
+    """The ``use_legacy`` a call record asks for (None: not said; the build's default applies)."""
+    v = getattr(call, "use_legacy", None)
+    if v is None:
+        v = call.to_record().get("use_legacy")
+    return None if v is None else bool(v)
+
+
+def job_for(call, provider: Provider, use_legacy: bool | None = None) -> dict:
+    """The child's job for ``call``. ``use_legacy`` (else the call's own) goes to the child as is;
+    the child passes it, or the build's default, to a provider that takes it."""
     op = "prefill" if isinstance(call, SparsePrefillCall) else "decode"
-    return {"op": op, "provider": provider.to_job(), "record": call_record(call)}
+    job = {"op": op, "provider": provider.to_job(), "record": call_record(call)}
+    ul = use_legacy if use_legacy is not None else call_use_legacy(call)
+    if ul is not None:
+        job["use_legacy"] = ul
+        job["record"]["use_legacy"] = ul
+    return job
 
 
 # ----------------------------------------------------------------------------- metadata diff
@@ -149,6 +178,13 @@ class ModelView:
     warnings: tuple = ()          # warning/info codes
     expected_failure: str = ""    # failure class of the first error ("process_exit", ...)
     undefined_only: bool = False  # every error is undefined behaviour (may or may not crash)
+    expected_failures: tuple = () # every failure class any error names (the first error's first)
+
+    @property
+    def predicted_classes(self) -> tuple:
+        if self.expected_failures:
+            return self.expected_failures
+        return (self.expected_failure,) if self.expected_failure else ()
 
 
 def failure_class(failure: str) -> str:
@@ -157,16 +193,34 @@ def failure_class(failure: str) -> str:
     return head.split()[0] if head else ""
 
 
+FAILURE_WORDS = tuple(OUTCOMES) + (UNDEFINED_BEHAVIOUR,)
+HOST_ASSERTION = "host assertion"     # a host assertion ends the process with SIGSEGV/SIGABRT
+
+
+def failure_classes(failure: str) -> tuple:
+    """Every failure class a rule's ``failure`` text names, the leading one first
+    (``"process_crash for h_q ...; python_exception for d_qk ..."`` -> both)."""
+    found = [failure_class(failure)] if failure_class(failure) in FAILURE_WORDS else []
+    for word in FAILURE_WORDS:
+        if word in failure and word not in found:
+            found.append(word)
+    if HOST_ASSERTION in failure and "process_crash" not in found:
+        found.append("process_crash")
+    return tuple(found)
+
+
 def model_view(p: Plan) -> ModelView:
     findings = check_plan(p)
     errors = [f for f in findings if f.is_error]
     classes = [failure_class(f.failure) for f in errors]
+    every = tuple(dict.fromkeys(c for f in errors for c in failure_classes(f.failure)))
     return ModelView(
         verdict="illegal" if errors else "legal",
         codes=tuple(dict.fromkeys(f.code for f in errors)),
         warnings=tuple(dict.fromkeys(f.code for f in findings if not f.is_error)),
         expected_failure=classes[0] if classes else "",
         undefined_only=bool(errors) and all(c == UNDEFINED_BEHAVIOUR for c in classes),
+        expected_failures=every,
     )
 
 
@@ -183,15 +237,31 @@ def failure_matches(expected: str, run: RunResult) -> bool | None:
     return run.outcome == expected or run.oracle_outcome == expected
 
 
+def judge(model: ModelView, run: RunResult) -> tuple[str, str]:
+    """``(agreement, reason)``; agreement is ``agree`` | ``agree_ub`` | ``disagree`` | ``inconclusive``
+    (module docstring); the reason says why for anything but a plain ``agree``."""
+    if not run.is_conclusive:
+        return "inconclusive", run.inconclusive_reason or f"the kernel run ended as {run.outcome}"
+    if model.verdict == "legal":
+        if run.is_ok:
+            return "agree", ""
+        return "disagree", f"the model calls the call legal; the kernel failed ({run.outcome})"
+    predicted = model.predicted_classes
+    if run.is_ok:
+        if model.undefined_only:
+            return "agree_ub", "undefined behaviour that did not crash this time"
+        return "disagree", f"the model predicts {' or '.join(predicted) or 'a failure'}; the kernel ran"
+    if not predicted:
+        return "inconclusive", f"the kernel failed ({run.outcome}); the model names no failure class to compare"
+    if any(failure_matches(c, run) for c in predicted):
+        return "agree", ""
+    return "disagree", (f"both say illegal, but the kernel failed as {run.outcome} and the model predicts "
+                        f"{' or '.join(predicted)}")
+
+
 def agreement(model: ModelView, run: RunResult) -> str:
     """``agree`` | ``agree_ub`` (undefined behaviour that did not crash this time) | ``disagree`` | ``inconclusive``."""
-    if not run.is_conclusive:
-        return "inconclusive"
-    if model.verdict == "legal":
-        return "agree" if run.is_ok else "disagree"
-    if run.failed:
-        return "agree"
-    return "agree_ub" if model.undefined_only else "disagree"
+    return judge(model, run)[0]
 
 
 # ----------------------------------------------------------------------------- the check
@@ -219,15 +289,21 @@ def replan(p: Plan, gpu: GPU, generation: str | None) -> Plan:
 def compare_call(index: int, p: Plan, run: RunResult) -> dict:
     """One call's line of the result: model, kernel, metadata diff, agreement."""
     mv = model_view(p)
+    verdict, why = judge(mv, run)
+    matches = [failure_matches(c, run) for c in mv.predicted_classes]
     entry: dict[str, Any] = {
         "index": index,
         "call": p.call.label or p.call.summary(),
         "model": {"verdict": mv.verdict, "codes": list(mv.codes), "warnings": list(mv.warnings),
-                  "expected_failure": mv.expected_failure or None, "num_sm_parts": p.num_sm_parts},
+                  "expected_failure": mv.expected_failure or None,
+                  "expected_failures": list(mv.predicted_classes), "num_sm_parts": p.num_sm_parts,
+                  "generation": p.gen.get("name")},
         "kernel": run.to_dict(),
         "kernel_verdict": run.verdict,
-        "agreement": agreement(mv, run),
-        "failure_class_match": failure_matches(mv.expected_failure, run),
+        "agreement": verdict,
+        "agreement_reason": why or None,
+        "failure_class_match": (True if any(matches) else False if matches and run.failed else None),
+        "fallback_used": run.fallback_used,
         "metadata": None,
     }
     got = run.payload if run.payload.get("tile_scheduler_metadata") is not None else run.partial
@@ -248,7 +324,13 @@ def summarize(entries: Sequence[dict]) -> dict:
     agree: dict[str, int] = {"agree": 0, "agree_ub": 0, "disagree": 0, "inconclusive": 0}
     per_rule: dict[str, dict] = {}
     md = {"compared": 0, "identical": 0, "differing": 0}
+    inconclusive_reasons: dict[str, int] = {}
+    fallback = 0
     for e in entries:
+        if e["agreement"] == "inconclusive":
+            why = e.get("agreement_reason") or "inconclusive"
+            inconclusive_reasons[why] = inconclusive_reasons.get(why, 0) + 1
+        fallback += bool(e.get("fallback_used"))
         oc = e["kernel"]["outcome"]
         outcomes[oc] = outcomes.get(oc, 0) + 1
         agree[e["agreement"]] += 1
@@ -267,8 +349,15 @@ def summarize(entries: Sequence[dict]) -> dict:
         if m is not None:
             md["compared"] += 1
             md["identical" if m.get("identical") else "differing"] += 1
+    if agree["disagree"] or md["differing"]:
+        status = "disagree"
+    elif agree["agree"] + agree["agree_ub"] == 0:
+        status = "inconclusive"
+    else:
+        status = "agree"
     return {"calls": len(entries), "outcomes": outcomes, "agreement": agree, "per_rule": per_rule, "metadata": md,
-            "all_agree": agree["disagree"] == 0 and md["differing"] == 0}
+            "status": status, "all_agree": status == "agree", "inconclusive_reasons": inconclusive_reasons,
+            "fallback_used": fallback}
 
 
 def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT_TIMEOUT_S,
@@ -277,7 +366,7 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
     provider = det.provider
     base_gpu = plans[0].gpu if plans else None
     gpu = gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
-    replanned = [replan(p, gpu, provider.generation) for p in plans]
+    replanned = [replan(p, gpu, provider.generation_for(call_use_legacy(p.call))) for p in plans]
     jobs = [job_for(p.call, provider) for p in replanned]
     lock = threading.Lock()
     done = [0]
@@ -305,6 +394,7 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
         "timeout_s": timeout,
         "calls": entries,
         "summary": summary,
+        "status": summary["status"],
         "agreement": summary["all_agree"],
     }
 
@@ -329,7 +419,7 @@ def kernel_check_report(report, console=None, *, provider: str = "auto", timeout
         return {"available": False, "reason": det.reason, "detection": det.to_dict()}
     if console is not None:
         p = det.provider
-        console.print(f"kernel mode: {p.module} ({p.api} API) on {det.device.get('name')} "
+        console.print(f"kernel mode: {p.build or p.module} via {p.module} ({p.api} API) on {det.device.get('name')} "
                       f"sm{''.join(map(str, det.device.get('cc', [])))}, {det.device.get('num_sms')} SMs; "
                       f"{len(plans)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
     result = run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console)
@@ -394,9 +484,12 @@ def render_kernel_result(result: dict, console) -> None:
         console.print(f"[bold yellow]kernel mode unavailable[/]: {escape(str(result.get('reason', '')))}", markup=True)
         return
     prov, dev = result["provider"], result.get("device") or {}
-    console.print(f"[bold]kernel mode[/]: {escape(prov['module'])} ({prov['api']} API, model generation "
-                  f"{result.get('model_generation')}) on {escape(str(dev.get('name')))}, "
+    build = prov.get("build") or prov["module"]
+    console.print(f"[bold]kernel mode[/]: {escape(str(build))} via {escape(prov['module'])} ({prov['api']} API, "
+                  f"model generation {result.get('model_generation')}) on {escape(str(dev.get('name')))}, "
                   f"{dev.get('num_sms')} SMs, smem opt-in {dev.get('smem_optin')} B", markup=True)
+    if prov.get("generation_note"):
+        console.print(f"  note: {escape(prov['generation_note'])}", markup=True)
     if result.get("gpu_replanned"):
         console.print("  the calls were re-planned for the measured device (it differs from the requested GPU profile)")
     t = Table("#", "call", "model", "kernel", "metadata (model vs kernel)", "agreement")
@@ -405,6 +498,8 @@ def render_kernel_result(result: dict, console) -> None:
         model_txt = "legal" if m["verdict"] == "legal" else f"illegal {','.join(m['codes'])}"
         k = e["kernel"]
         kern_txt = k["outcome"] + (f" ({k['signal']})" if k.get("signal") else "")
+        if k.get("fallback_used"):
+            kern_txt += " (fallback kernel)"
         md = e.get("metadata")
         md_txt = "-" if md is None else ("identical" if md.get("identical") else "DIFFERS")
         st = AGREE_STYLE.get(e["agreement"], "")
@@ -415,26 +510,39 @@ def render_kernel_result(result: dict, console) -> None:
         k = e["kernel"]
         if k["outcome"] != "ok" and k.get("message"):
             console.print(f"  call {e['index']}: {k['outcome']}: {escape(k['message'])}", markup=True)
+        if k.get("fallback"):
+            console.print(f"  call {e['index']}: fallback used: {escape(k['fallback']['text'])}", markup=True)
         md = e.get("metadata")
         if md is not None and not md.get("identical"):
             console.print(f"  call {e['index']}: metadata {escape(md.get('summary', ''))}", markup=True)
         if e["agreement"] == "agree_ub":
             console.print(f"  call {e['index']}: the model flags undefined behaviour "
                           f"({','.join(e['model']['codes'])}); the kernel happened to run this time")
+        elif e["agreement"] in ("disagree", "inconclusive") and e.get("agreement_reason"):
+            console.print(f"  call {e['index']}: {e['agreement']}: {escape(e['agreement_reason'])}", markup=True)
     s = result["summary"]
-    rt = Table("model says", "calls", "kernel ran", "kernel failed", "agree", "disagree", "failure class as predicted")
+    rt = Table("model says", "calls", "kernel ran", "kernel failed", "inconclusive", "agree", "disagree",
+               "failure class as predicted")
     for code in sorted(s["per_rule"]):
         r = s["per_rule"][code]
-        rt.add_row(code, str(r["calls"]), str(r["kernel_ok"]), str(r["kernel_failed"]),
+        rt.add_row(code, str(r["calls"]), str(r["kernel_ok"]), str(r["kernel_failed"]), str(r["inconclusive"]),
                    str(r["agree"] + r["agree_ub"]), str(r["disagree"]),
                    str(r["failure_class_match"]) if code != LEGAL_KEY else "-")
     console.print(rt)
     mdsum = s["metadata"]
-    verdict = "[bold green]AGREE[/]" if s["all_agree"] else "[bold red]DISAGREE[/]"
-    console.print(f"kernel vs model: {verdict} - {s['agreement']['agree'] + s['agreement']['agree_ub']} of "
-                  f"{s['calls']} call(s) agree, {s['agreement']['disagree']} disagree, "
-                  f"{s['agreement']['inconclusive']} inconclusive; metadata identical for "
-                  f"{mdsum['identical']} of {mdsum['compared']} compared", markup=True)
+    status = s.get("status", "agree" if s.get("all_agree") else "disagree")
+    verdict = {"agree": "[bold green]AGREE[/]", "disagree": "[bold red]DISAGREE[/]",
+               "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}[status]
+    ag = s["agreement"]
+    fb = f"; low-smem fallback kernel used in {s['fallback_used']}" if s.get("fallback_used") else ""
+    console.print(f"kernel vs model: {verdict} - {ag['agree'] + ag['agree_ub']} of {s['calls']} call(s) agree, "
+                  f"{ag['disagree']} disagree, {ag['inconclusive']} inconclusive; metadata identical for "
+                  f"{mdsum['identical']} of {mdsum['compared']} compared{fb}", markup=True)
+    for why, n in sorted((s.get("inconclusive_reasons") or {}).items()):
+        console.print(f"  inconclusive ({n}): {escape(why)}", markup=True)
+    if status == "inconclusive":
+        console.print("  nothing was measured about these calls: the kernels did not run for reasons outside "
+                      "the batch (see above; `validate-batch env` shows the installed builds)")
 
 
 def _render_slots(part: dict, console) -> None:

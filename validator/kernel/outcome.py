@@ -14,6 +14,15 @@ Outcomes (the ``outcome`` field):
 * ``unavailable`` - the child could not run the job at all (no torch, no GPU, no FlashMLA);
 * ``unsupported`` - the installed provider lacks a feature the call needs (e.g. ``topk_length``).
 
+A ``python_exception`` that is about the environment, not the batch (the kernel does not run on this
+GPU architecture: "only supported on SM100f architectures"; the build lacks its legacy kernels; a
+missing attribute, module or keyword argument) is reported as ``unsupported`` with the reason in
+``inconclusive_reason``: it says nothing about the call's legality.
+
+A run that printed FlashMLA's low-smem fallback warning (``[WARNING] batch_size=N requires XB shared
+memory (max=YB), using low-smem fallback kernel.``, sgl-flash-mla's legacy scheduler above its fast
+path) carries it in ``fallback``: the call ran, on a slower kernel.
+
 ``oracle_outcome`` maps these onto the four classes of the recorded probes (``ok``,
 ``python_exception``, ``process_exit``, ``process_crash``) so measured runs compare with them.
 """
@@ -41,6 +50,25 @@ INCONCLUSIVE_OUTCOMES = frozenset({"timeout", "unavailable", "unsupported"})
 CUDA_ERROR_RE = re.compile(r"CUDA error \(([^()]*?):(\d+)\): (.+)")
 TORCH_CUDA_ERROR_RE = re.compile(r"CUDA error: ([^\n]+)")
 ASSERTION_RE = re.compile(r"Assertion [`'].*failed.*")
+FALLBACK_RE = re.compile(r"\[WARNING\] batch_size=(\d+) requires (\d+)\s*B shared memory \(max=(\d+)\s*B\), "
+                         r"using low-smem fallback kernel\.?")
+# Exceptions that are about the environment (GPU architecture, build, API), never about the batch.
+ENVIRONMENT_MESSAGES = (
+    (re.compile(r"only supported on SM\s*\d+\w* architectures?", re.I),
+     "the kernel does not run on this GPU architecture"),
+    (re.compile(r"no kernel image is available for execution on the device", re.I),
+     "the build has no kernels for this GPU"),
+    (re.compile(r"legacy FlashMLA kernels .* are not available", re.I | re.S),
+     "the build lacks its legacy kernels"),
+    (re.compile(r"unexpected keyword argument", re.I), "the provider's API does not take an argument the call passed"),
+    (re.compile(r"(?:undefined symbol|cannot open shared object file)", re.I), "the provider's library does not load"),
+)
+ENVIRONMENT_ERROR_TYPES = {
+    "ImportError": "an import failed",
+    "ModuleNotFoundError": "an import failed",
+    "AttributeError": "the provider lacks an attribute the call needs",
+    "NotImplementedError": "the provider does not implement the call",
+}
 ILLEGAL_ACCESS_TEXT = "illegal memory access"
 DEVICE_ASSERT_TEXT = "device-side assert"
 
@@ -81,6 +109,24 @@ def find_cuda_error(text: str) -> CudaError | None:
     for m in CUDA_ERROR_RE.finditer(text):
         found = CudaError(m.group(1), int(m.group(2)), m.group(3).strip())
     return found
+
+
+def find_fallback(text: str) -> dict | None:
+    """The last low-smem fallback warning in ``text``: batch size, shared memory needed, the maximum."""
+    found = None
+    for m in FALLBACK_RE.finditer(text):
+        found = {"batch_size": int(m.group(1)), "smem_bytes": int(m.group(2)), "smem_max": int(m.group(3)),
+                 "text": m.group(0)}
+    return found
+
+
+def environment_reason(error_type: str | None, message: str) -> str | None:
+    """Why an exception is about the environment (architecture, build, API) and not the batch; None if it
+    may be about the batch."""
+    for rx, why in ENVIRONMENT_MESSAGES:
+        if rx.search(message or ""):
+            return why
+    return ENVIRONMENT_ERROR_TYPES.get(error_type or "")
 
 
 def find_assertion(text: str) -> str | None:
@@ -165,6 +211,20 @@ class RunResult:
     error_type: str | None = None
     elapsed_s: float = 0.0
     stderr_tail: str = ""
+    fallback: dict | None = None
+    inconclusive_reason: str = ""
+
+    @property
+    def fallback_used(self) -> bool:
+        return self.fallback is not None
+
+    @property
+    def use_legacy(self) -> bool | None:
+        """The ``use_legacy`` the child passed (None: the provider takes none, or nothing was reported)."""
+        for src in (self.payload, self.partial):
+            if src.get("use_legacy") is not None:
+                return bool(src["use_legacy"])
+        return None
 
     @property
     def is_ok(self) -> bool:
@@ -214,6 +274,13 @@ class RunResult:
             d["error_type"] = self.error_type
         if self.outcome != "ok" and self.stderr_tail:
             d["stderr_tail"] = self.stderr_tail
+        if self.inconclusive_reason:
+            d["inconclusive_reason"] = self.inconclusive_reason
+        if self.use_legacy is not None:
+            d["use_legacy"] = self.use_legacy
+        d["fallback_used"] = self.fallback_used
+        if self.fallback is not None:
+            d["fallback"] = self.fallback
         if with_payload and self.payload:
             d["payload"] = self.payload
         return d
@@ -230,10 +297,10 @@ def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: boo
     both = f"{stderr}\n{stdout}"
     cuda_err = find_cuda_error(both)
     common = dict(stage=child.last_stage, partial=child.partial, elapsed_s=elapsed_s,
-                  stderr_tail=tail(stderr), cuda_error=cuda_err)
+                  stderr_tail=tail(stderr), cuda_error=cuda_err, fallback=find_fallback(both))
     if timed_out:
         return RunResult("timeout", f"no result within {elapsed_s:.1f} s; the process group was killed",
-                         exit_code=None, **common)
+                         exit_code=None, inconclusive_reason="no result within the time limit", **common)
     res = child.result
     if res is not None:
         status = res.get("status")
@@ -242,10 +309,15 @@ def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: boo
             return RunResult("ok", str(res.get("message", "")), exit_code=returncode, payload=payload, **common)
         full = str(res.get("message", ""))
         if status in ("unavailable", "unsupported"):
-            return RunResult(status, full, exit_code=returncode, **common)
+            why = "nothing ran" if status == "unavailable" else "the provider lacks a feature the call needs"
+            return RunResult(status, full, exit_code=returncode, inconclusive_reason=why, **common)
         err_type = res.get("error_type")
         text = f"{full}\n{stderr}"
         msg = next((ln.strip() for ln in full.splitlines() if ln.strip()), "")   # torch appends hints
+        env_why = environment_reason(err_type, full)
+        if env_why and ILLEGAL_ACCESS_TEXT not in text and DEVICE_ASSERT_TEXT not in text:
+            return RunResult("unsupported", msg, exit_code=returncode, error_type=err_type,
+                             inconclusive_reason=f"not about the batch: {env_why}", **common)
         if ILLEGAL_ACCESS_TEXT in text:
             outcome = "illegal_memory_access"
         elif DEVICE_ASSERT_TEXT in text:

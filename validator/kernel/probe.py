@@ -13,6 +13,11 @@ adjacent. It does not assume monotonicity silently:
   lowest value measured illegal;
 * every probe is reported with the model's prediction beside it, and any measured legal value above
   a measured illegal one is listed as non-monotonic evidence.
+
+A template may carry ``use_legacy`` (sgl-flash-mla's kernel choice): it goes to every probe's child as
+is and selects the build the model is planned for. A probe whose child printed the low-smem fallback
+warning ran (legal), on the slower fallback kernel; the result counts those probes
+(``measured.fallback``) and says so.
 """
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
 
 MAX_MODEL_SCAN = 1 << 17          # values scanned exhaustively by the model
 LIST_FIELDS = ("topk_length", "extra_topk_length", "seqlens")
+LEGACY_KEY = "use_legacy"
 DEFAULT_RANGES = {"b": (1, 16384), "s_q": (1, 1024), "topk": (64, 1 << 16), "extra_topk": (64, 1 << 16)}
 
 
@@ -47,6 +53,7 @@ class Probe:
     model_verdict: str = ""
     model_codes: tuple = ()
     reason: str = "search"       # search | endpoint | model-boundary | model-legal-again
+    fallback: dict | None = None  # the low-smem fallback warning the child printed, if any
 
     @property
     def agrees(self) -> bool | None:
@@ -57,7 +64,8 @@ class Probe:
     def to_dict(self) -> dict:
         return {"value": self.value, "verdict": self.verdict, "outcome": self.outcome, "message": self.message,
                 "elapsed_s": round(self.elapsed_s, 3), "model_verdict": self.model_verdict,
-                "model_codes": list(self.model_codes), "agrees": self.agrees, "reason": self.reason}
+                "model_codes": list(self.model_codes), "agrees": self.agrees, "reason": self.reason,
+                "fallback_used": self.fallback is not None, "fallback": self.fallback}
 
 
 def template_record(template: Any, quantity: str) -> dict:
@@ -69,7 +77,7 @@ def template_record(template: Any, quantity: str) -> dict:
             raise InputError("--template", f"invalid JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(template, dict):
         raise InputError("--template", f"expected a JSON object (a call record), got {type(template).__name__}")
-    rec = dict(template)
+    rec = {k: v for k, v in template.items() if k != LEGACY_KEY}
     if quantity == "b":
         for key in LIST_FIELDS:
             if rec.get(key) is not None:
@@ -83,6 +91,21 @@ def template_record(template: Any, quantity: str) -> dict:
     if not isinstance(trial.get(quantity), int):
         raise InputError("--quantity", f"{quantity!r} is not an integer field of the call")
     return rec
+
+
+def template_use_legacy(template: Any) -> bool | None:
+    """The template's ``use_legacy`` (None when it has none); JSON text or a dict."""
+    if isinstance(template, str):
+        try:
+            template = json.loads(template)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(template, dict) or template.get(LEGACY_KEY) is None:
+        return None
+    v = template[LEGACY_KEY]
+    if not isinstance(v, bool):
+        raise InputError(f"--template.{LEGACY_KEY}", f"expected true or false, got {v!r}")
+    return v
 
 
 def record_at(template: dict, quantity: str, value: int) -> dict:
@@ -231,6 +254,18 @@ def non_monotonic_pairs(probes: Sequence[Probe]) -> list[tuple[int, int]]:
     return out
 
 
+def fallback_summary(probes: Sequence[Probe]) -> dict:
+    """How many probes ran on the low-smem fallback kernel, the lowest and highest such value, and the
+    highest legal value measured without it below the lowest."""
+    with_fb = sorted(p.value for p in probes if p.fallback is not None)
+    if not with_fb:
+        return {"probes": 0, "lowest": None, "highest": None, "highest_without": None, "text": None}
+    below = [p.value for p in probes if p.fallback is None and p.verdict == "legal" and p.value < with_fb[0]]
+    text = next(p.fallback.get("text") for p in probes if p.fallback is not None)
+    return {"probes": len(with_fb), "lowest": with_fb[0], "highest": with_fb[-1],
+            "highest_without": max(below) if below else None, "text": text}
+
+
 def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi: int | None = None, *,
                    gpu: Any = "H200", provider: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
                    max_parallel: int = 1, child: ChildSpec | None = None, progress=None,
@@ -242,6 +277,7 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
     part is still filled in.
     """
     tmpl = template_record(template, quantity)
+    use_legacy = template_use_legacy(template)
     d_lo, d_hi = DEFAULT_RANGES.get(quantity, (1, 1 << 14))
     lo = d_lo if lo is None else lo
     hi = d_hi if hi is None else hi
@@ -249,13 +285,15 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
         raise InputError("--lo/--hi", f"expected 0 <= lo < hi, got lo={lo}, hi={hi}")
     g = resolve_gpu(gpu)
     result: dict[str, Any] = {"quantity": quantity, "template": tmpl, "range": [lo, hi]}
+    if use_legacy is not None:
+        result["use_legacy"] = use_legacy
     det = None
     generation = None
     if runner is None:
         det = detect(provider, child, timeout)
         if det.available:
             g = gpu_from_device(det.device, g)
-            generation = det.provider.generation
+            generation = det.provider.generation_for(use_legacy)
     result["gpu"] = g.to_dict()
     cache: dict[int, tuple] = {}
 
@@ -271,9 +309,11 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
         result["measured"] = {"available": False, "reason": det.reason}
         result["probes"] = []
         result["agree"] = None
+        result["status"] = "unavailable"
         return result
 
     probes: dict[int, Probe] = {}
+    inconclusive_reasons: dict[int, str] = {}
 
     def run_values(values: Sequence[int], reasons: Any) -> dict:
         values = [v for v in dict.fromkeys(values) if v not in probes]
@@ -286,6 +326,9 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
             job = {"op": "decode" if call.kind != "prefill" else "prefill", "record": call_record(call)}
             if det is not None:
                 job["provider"] = det.provider.to_job()
+            if use_legacy is not None:
+                job[LEGACY_KEY] = use_legacy
+                job["record"][LEGACY_KEY] = use_legacy
             jobs.append(job)
         if runner is not None:
             results = runner(jobs, max_parallel)
@@ -296,8 +339,10 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
             mv, codes = verdict_of(v)
             reason = reasons.get(v, "search") if isinstance(reasons, dict) else reasons
             p = Probe(v, r.verdict, r.outcome, r.message if not r.is_ok else r.payload.get("message", ""),
-                      r.elapsed_s, mv, codes, reason)
+                      r.elapsed_s, mv, codes, reason, r.fallback)
             probes[v] = p
+            if not r.is_conclusive:
+                inconclusive_reasons[v] = f"{r.inconclusive_reason}: {r.message}" if r.message else r.inconclusive_reason
             out[v] = r.verdict
             if progress is not None:
                 progress(p)
@@ -330,6 +375,7 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
         "failure_message": first_fail.message if first_fail else None,
         "non_monotonic": [list(p) for p in pairs],
         "num_probes": len(ordered),
+        "fallback": fallback_summary(ordered),
     }
     if det is not None:
         result["provider"] = det.provider.to_dict()
@@ -338,6 +384,15 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
     result["boundary_is_model_transition"] = boundary_is_model_transition
     result["agree"] = bool(decided) and all(p.agrees for p in decided) and bool(boundary_is_model_transition
                                                                               or search.status != "found")
+    contradicted = any(p.agrees is False for p in decided) or boundary_is_model_transition is False
+    if contradicted:
+        result["status"] = "disagree"
+    elif not decided or search.status == "inconclusive":
+        result["status"] = "inconclusive"
+        reasons = sorted({r for r in inconclusive_reasons.values() if r})
+        result["measured"]["inconclusive_reasons"] = reasons
+    else:
+        result["status"] = "agree"
     notes = []
     if not scan.monotonic:
         notes.append(f"the model predicts legality is not monotonic in {quantity}: first illegal at "
@@ -350,6 +405,12 @@ def probe_boundary(template: Any, quantity: str = "b", lo: int | None = None, hi
     if len(ordered) < span:
         notes.append(f"{len(ordered)} of {span} values were measured; legality between measured values is "
                      "inferred, not measured")
+    fb = result["measured"]["fallback"]
+    if fb["probes"]:
+        notes.append(f"the low-smem fallback kernel ran in {fb['probes']} of {len(ordered)} probes "
+                     f"({quantity} = {fb['lowest']}..{fb['highest']}"
+                     + (f"; none at or below {fb['highest_without']}" if fb["highest_without"] is not None else "")
+                     + "): those calls ran, slower, and are legal")
     if pairs:
         notes.append("measured legality is not monotonic: " + "; ".join(
             f"{quantity}={b} ran although {quantity}={a} failed" for a, b in pairs[:5]))

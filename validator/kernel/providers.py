@@ -16,18 +16,25 @@ APIs, told apart by the *signature* of ``get_mla_metadata`` (never by a version 
 
 Detection happens in two steps. :func:`find_providers` looks at the installed files without
 importing them (so torch is not imported here): ``importlib.util.find_spec`` on the top-level
-package and an AST read of its Python source. :func:`detect` then asks a child process, which
+package, an AST read of its Python source and the package metadata (:mod:`.builds`: which
+distribution carries it, so which build it is). :func:`detect` then asks a child process, which
 imports torch and the provider, checks the GPU, and repeats the API check on the live functions.
+
+Each provider knows its build name (``sgl-flash-mla-1.0.0``, ``flashmla-9241ae3``, ...) and the model
+generation its calls are compared with: the build itself when ``rules/flashmla.json`` models it, else
+the generation of its API (said so in ``generation_note``).
 """
 from __future__ import annotations
 
 import ast
 import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..errors import InputError
 from ..knowledge import decode_archs, sm_list
+from ..knowledge import generation as generation_facts
+from .builds import API_GENERATION, INSTALL_HINTS, Dist, build_name, distribution_of, package_dir
 from .runner import ChildSpec, run_job
 
 PROVIDER_NAMES = ("flash_mla", "sgl_kernel")
@@ -42,12 +49,34 @@ FEATURE_PARAMS = {
     "extra_indices": "extra_indices_in_kvcache",
     "extra_topk_length": "extra_topk_length",
     "is_fp8_kvcache": "is_fp8_kvcache",
+    "use_legacy": "use_legacy",
+    "enable_batch_invariant": "enable_batch_invariant",
 }
-# The model generation whose scheduler each API belongs to (rules/flashmla.json).
-API_GENERATION = {"sched_meta": "flashmla-9241ae3", "tensors": "flashmla-1408756"}
 
-INSTALL_HINT = ("build FlashMLA for your GPU from https://github.com/deepseek-ai/FlashMLA (on Hopper: "
-                "FLASH_MLA_DISABLE_SM100=1 pip install --no-build-isolation .) or install sgl-kernel")
+INSTALL_HINT = (f"{INSTALL_HINTS['sgl-flash-mla']}; or {INSTALL_HINTS['flash-mla']}; or install sgl-kernel "
+                "(`validate-batch env` lists what is installed)")
+
+
+def known_generation(name: str | None) -> bool:
+    if not name:
+        return False
+    try:
+        generation_facts(name)
+    except InputError:
+        return False
+    return True
+
+
+def model_generation(build: str | None, api: str | None) -> tuple[str | None, str]:
+    """The generation of ``rules/flashmla.json`` a build's calls are compared with, and a note when it is
+    not the build itself."""
+    if known_generation(build):
+        return build, ""
+    fallback = API_GENERATION.get(api or "")
+    if build and fallback:
+        return fallback, (f"rules/flashmla.json has no model of {build}; its calls are compared with "
+                          f"{fallback} (the generation of its {api} API)")
+    return fallback, ""
 
 
 @dataclass(frozen=True)
@@ -151,37 +180,54 @@ class Provider:
     origin: str = ""
     features: frozenset = frozenset()
     reason: str = ""
+    distribution: str = ""
+    version: str = ""
+
+    @property
+    def takes_use_legacy(self) -> bool:
+        return "use_legacy" in self.features
+
+    def build_for(self, use_legacy: bool | None = None) -> str | None:
+        """The build that runs a call with ``use_legacy`` (None: the provider's default)."""
+        dist = Dist(self.distribution, self.version) if self.distribution else None
+        params = frozenset(FEATURE_PARAMS[f] for f in self.features if f in FEATURE_PARAMS)
+        return build_name(self.name, dist, self.api, params, use_legacy)
+
+    @property
+    def build(self) -> str | None:
+        return self.build_for(None)
+
+    def generation_for(self, use_legacy: bool | None = None) -> str | None:
+        return model_generation(self.build_for(use_legacy), self.api)[0]
 
     @property
     def generation(self) -> str | None:
-        return API_GENERATION.get(self.api or "")
+        return self.generation_for(None)
+
+    @property
+    def generation_note(self) -> str:
+        return model_generation(self.build, self.api)[1]
+
+    def default_use_legacy(self) -> bool | None:
+        """What the provider is called with when a call record says nothing (SGLang's wrapper: True)."""
+        return True if self.takes_use_legacy else None
 
     def to_job(self) -> dict:
-        return {"name": self.name, "module": self.module, "api": self.api}
+        return {"name": self.name, "module": self.module, "api": self.api, "build": self.build}
 
     def to_dict(self) -> dict:
         return {"name": self.name, "module": self.module, "api": self.api, "origin": self.origin,
-                "features": sorted(self.features), "generation": self.generation, "reason": self.reason}
-
-
-def _package_dir(top: str) -> Path | None:
-    try:
-        spec = importlib.util.find_spec(top)   # top-level only: imports nothing
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    locs = list(spec.submodule_search_locations or [])
-    if locs:
-        return Path(locs[0])
-    return Path(spec.origin).parent if spec.origin else None
+                "features": sorted(self.features), "build": self.build, "distribution": self.distribution or None,
+                "version": self.version or None, "takes_use_legacy": self.takes_use_legacy,
+                "generation": self.generation, "generation_note": self.generation_note or None,
+                "reason": self.reason}
 
 
 def find_providers(names: Sequence[str] = PROVIDER_NAMES) -> list[Provider]:
     """Installed providers, in preference order, with their API read from source (nothing imported)."""
     found = []
     for name in names:
-        pkg = _package_dir(name)
+        pkg = package_dir(name)
         if pkg is None:
             continue
         texts, origin = [], ""
@@ -191,8 +237,9 @@ def find_providers(names: Sequence[str] = PROVIDER_NAMES) -> list[Provider]:
                 texts.append(f.read_text(encoding="utf-8", errors="replace"))
                 origin = origin or str(f)
         shape = api_from_source(texts) if texts else ApiShape(None, reason=f"no {PROVIDER_SOURCES[name][0]} in {pkg}")
+        dist = distribution_of(name)
         found.append(Provider(name, PROVIDER_MODULES[name], shape.api, origin or str(pkg), shape.features,
-                              shape.reason))
+                              shape.reason, dist.name if dist else "", dist.version if dist else ""))
     return found
 
 
@@ -250,8 +297,11 @@ def detect(provider: str = "auto", child: ChildSpec | None = None, timeout: floa
     p = res.payload
     cands = []
     for c in p.get("providers", []):
-        cands.append(Provider(c.get("name", ""), c.get("module", ""), c.get("api"), c.get("origin", ""),
-                              frozenset(c.get("features", [])), c.get("reason", "")))
+        name = c.get("name", "")
+        dist = distribution_of(name) if not c.get("distribution") else Dist(c["distribution"], c.get("version", ""))
+        cands.append(Provider(name, c.get("module", ""), c.get("api"), c.get("origin", ""),
+                              frozenset(c.get("features", [])), c.get("reason", ""),
+                              dist.name if dist else "", dist.version if dist else (c.get("version") or "")))
     usable = [c for c in cands if c.api is not None and not c.reason.startswith("import failed")]
     device = p.get("device") or {}
     torch_v = p.get("torch", "")

@@ -9,6 +9,12 @@ Imported only inside the worker child. Jobs (``op``):
 * ``prefill`` - one ``flash_mla_sparse_fwd`` call;
 * ``slot`` - index-write into a slot-indexed buffer (see :mod:`validator.kernel.slots`).
 
+``use_legacy``: a provider whose entry points take a ``use_legacy`` parameter (sgl-flash-mla; told
+by signature, not by version) gets it on every call: the job's ``use_legacy`` (from the call record),
+else True, the default of SGLang's wrapper and the only value that runs on SM90. A provider without
+the parameter runs its only kernels; a record that asks for one explicitly is then ``unsupported``.
+The value used is reported (``use_legacy`` in the partial and final results).
+
 Inputs are zeros (no NaN, nothing random); index tensors point inside a small KV cache, so any
 failure comes from the shapes and lengths under test, not from the data.
 """
@@ -20,6 +26,7 @@ import time
 
 from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..knowledge import generation
+from .builds import LEGACY_PARAM, distribution_of
 from .outcome import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
 
@@ -76,9 +83,20 @@ def inspect_provider(name: str, module_name: str) -> dict:
     # The package may re-export only the functions; the class then lives beside get_mla_metadata.
     has_class = hasattr(mod, "FlashMLASchedMeta") or "FlashMLASchedMeta" in getattr(meta_fn, "__globals__", {})
     shape = classify_api(_params(meta_fn), has_class, _params(getattr(mod, "flash_mla_with_kvcache", None)))
-    return {"name": name, "module": module_name, "api": shape.api, "features": sorted(shape.features),
-            "reason": shape.reason, "origin": getattr(mod, "__file__", "") or "",
-            "has_sparse_prefill": hasattr(mod, "flash_mla_sparse_fwd")}
+    dist = distribution_of(name)
+    top = importlib.import_module(module_name.split(".")[0])
+    has_legacy = getattr(top, "has_legacy", None) or getattr(mod, "has_legacy", None)
+    out = {"name": name, "module": module_name, "api": shape.api, "features": sorted(shape.features),
+           "reason": shape.reason, "origin": getattr(mod, "__file__", "") or "",
+           "has_sparse_prefill": hasattr(mod, "flash_mla_sparse_fwd"),
+           "distribution": dist.name if dist else "",
+           "version": (dist.version if dist else "") or str(getattr(top, "__version__", "") or "")}
+    if callable(has_legacy):
+        try:
+            out["has_legacy"] = bool(has_legacy())
+        except Exception as e:  # noqa: BLE001 - reported, not fatal
+            out["has_legacy_error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 def op_detect(job, stage, partial) -> dict:
@@ -119,6 +137,30 @@ def _load_provider(job):
     return importlib.import_module(module), info
 
 
+def job_use_legacy(job) -> bool | None:
+    """The ``use_legacy`` a job asks for: the job's own key, else the call record's; None = not said."""
+    if job.get("use_legacy") is not None:
+        return bool(job["use_legacy"])
+    rec = job.get("record") or {}
+    return bool(rec["use_legacy"]) if rec.get("use_legacy") is not None else None
+
+
+def legacy_kwargs(fn, wanted: bool | None) -> dict:
+    """``{"use_legacy": value}`` for an entry point that names the parameter (value: ``wanted``, else
+    True); ``{}`` for one that does not, unless the job asks for a value explicitly (unsupported)."""
+    try:
+        names = set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        names = set()
+    if LEGACY_PARAM in names:
+        return {LEGACY_PARAM: True if wanted is None else bool(wanted)}
+    if wanted is not None:
+        raise Unsupported(f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__name__', '?')} takes no "
+                          f"{LEGACY_PARAM}: this build has one set of kernels (the call asks for "
+                          f"{LEGACY_PARAM}={bool(wanted)})")
+    return {}
+
+
 def _kwargs_for(fn, wanted: dict) -> dict:
     """The subset of ``wanted`` keyword arguments that ``fn`` accepts (None values are dropped)."""
     names = set(inspect.signature(fn).parameters)
@@ -126,6 +168,18 @@ def _kwargs_for(fn, wanted: dict) -> dict:
     if missing:
         raise Unsupported(f"{fn.__module__}.{fn.__name__} takes no {', '.join(missing)}")
     return {k: v for k, v in wanted.items() if v is not None}
+
+
+def _named_legacy(fn, legacy: dict) -> dict:
+    """``legacy`` for an entry point that names ``use_legacy`` (not one that only takes ``**kwargs``)."""
+    if not legacy:
+        return {}
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+    p = params.get(LEGACY_PARAM)
+    return legacy if p is not None and p.kind is not p.VAR_KEYWORD else {}
 
 
 def _indices(torch, rows: int, s_q: int, width: int, num_tokens: int, dev):
@@ -181,7 +235,8 @@ def _kernel_job(job, stage, kind: type, what: str):
     torch = _torch()
     dev = _device(torch, job)
     mod, info = _load_provider(job)
-    call = call_from_record(job["record"])
+    record = {k: v for k, v in job["record"].items() if k != LEGACY_PARAM}   # a kernel-mode key
+    call = call_from_record(record)
     if not isinstance(call, kind):
         raise Unavailable(f"a {what}")
     return torch, dev, mod, info, call
@@ -201,13 +256,17 @@ def op_decode(job, stage, partial) -> dict:
         extra[key] = ins.get(key)
     if call.is_sparse and "is_fp8_kvcache" not in info["features"]:
         extra["is_fp8_kvcache"] = None
+    legacy = legacy_kwargs(fwd, job_use_legacy(job))
+    used = {"use_legacy": legacy[LEGACY_PARAM]} if legacy else {}
+    if used:
+        partial(used)
     started = time.perf_counter()
     if api == "sched_meta":
-        sched = mod.get_mla_metadata()
+        sched = mod.get_mla_metadata(**_named_legacy(mod.get_mla_metadata, legacy))
         sched = sched[0] if isinstance(sched, tuple) else sched
         stage("call")
         fwd(ins["q"], ins["k_cache"], ins.get("block_table"), ins.get("cache_seqlens"), call.d_v, sched, None,
-            **_kwargs_for(fwd, extra))
+            **_kwargs_for(fwd, extra), **legacy)
         stage("sync")
         _sync(torch, dev)
         stage("readback")
@@ -218,19 +277,21 @@ def op_decode(job, stage, partial) -> dict:
             block_table = torch.zeros(call.b, 1, dtype=torch.int32, device=dev)
             stage("metadata")
             md, ns = mod.get_mla_metadata(seqlens, call.s_q * call.h_q // call.h_k, call.h_k, call.h_q, True,
-                                          call.topk)
+                                          call.topk, **_named_legacy(mod.get_mla_metadata, legacy))
         else:
             seqlens, block_table = ins["cache_seqlens"], ins["block_table"]
             stage("metadata")
-            md, ns = mod.get_mla_metadata(seqlens, call.s_q * call.h_q // call.h_k, call.h_k)
+            md, ns = mod.get_mla_metadata(seqlens, call.s_q * call.h_q // call.h_k, call.h_k,
+                                          **_named_legacy(mod.get_mla_metadata, legacy))
         _sync(torch, dev)
         out = _readback(torch, md, ns)
         partial(out)
         stage("call")
-        fwd(ins["q"], ins["k_cache"], block_table, seqlens, call.d_v, md, ns, **_kwargs_for(fwd, extra))
+        fwd(ins["q"], ins["k_cache"], block_table, seqlens, call.d_v, md, ns, **_kwargs_for(fwd, extra), **legacy)
         stage("sync")
         _sync(torch, dev)
     out["call_s"] = round(time.perf_counter() - started, 6)
+    out.update(used)
     out["api"] = api
     out["provider"] = info["module"]
     out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
@@ -249,13 +310,17 @@ def op_prefill(job, stage, partial) -> dict:
     idx = (torch.arange(call.topk, dtype=torch.int32, device=dev) % s_kv)
     idx = idx.view(1, 1, -1).expand(call.s_q, call.h_kv, call.topk).contiguous()
     _sync(torch, dev)
+    legacy = legacy_kwargs(fn, job_use_legacy(job))
+    used = {"use_legacy": legacy[LEGACY_PARAM]} if legacy else {}
+    if used:
+        partial(used)
     stage("call")
     started = time.perf_counter()
-    fn(q, kv, idx, call.d_qk ** -0.5, call.d_v)
+    fn(q, kv, idx, call.d_qk ** -0.5, call.d_v, **legacy)
     stage("sync")
     _sync(torch, dev)
     return {"message": f"OK 1 {call.s_q}", "call_s": round(time.perf_counter() - started, 6),
-            "provider": info["module"]}
+            "provider": info["module"], **used}
 
 
 def op_slot(job, stage, partial) -> dict:

@@ -17,6 +17,7 @@ the library's ways of failing without a GPU.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import importlib.util
 import json
@@ -72,6 +73,15 @@ def execute(job: dict, backend) -> dict:
                 "message": str(e).strip()[:MAX_MESSAGE_CHARS]}
 
 
+def flush_c_stdio() -> None:
+    """Flush the C library's stdout buffer: a kernel library's ``printf`` warnings (the low-smem fallback
+    line) sit there when stdout is a pipe, and ``os._exit`` would drop them."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m validator.kernel.worker")
     ap.add_argument("--backend", default=DEFAULT_BACKEND, help="module name or .py file with run(job, stage, partial)")
@@ -85,7 +95,9 @@ def main(argv: list[str] | None = None) -> None:
         result = {"status": "unavailable", "message": f"worker setup failed: {type(e).__name__}: {e}"}
     else:
         result = execute(job, backend)
+    flush_c_stdio()
     _emit(RESULT_PREFIX, json.dumps(result, separators=(",", ":")))
+    flush_c_stdio()
     sys.stderr.flush()
     os._exit(0)
 
