@@ -511,7 +511,8 @@ def test_sgl_flash_mla_build_and_default_use_legacy(standin):
     report = check_calls([SPARSE], "H200")
     res = kernel_check_report(report, None, child=spec(standin, STANDIN_DETECT="sglfm"), timeout=30)
     assert res["provider"]["build"] == "sgl-flash-mla-1.0.0" and res["provider"]["takes_use_legacy"] is True
-    assert res["model_generation"] == "sgl-flash-mla-1.0.0"
+    # the build's legacy half, the one SGLang's wrapper selects
+    assert res["model_build"] == "sgl-flash-mla-1.0.0" and res["model_generation"] == "sgl-flash-mla-1.0.0-legacy"
     e = res["calls"][0]
     assert e["kernel"]["outcome"] == "ok" and e["kernel"]["use_legacy"] is True and e["agreement"] == "agree"
 

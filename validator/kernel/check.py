@@ -389,6 +389,7 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
         "device": det.device,
         "torch": det.torch,
         "model_generation": replanned[0].gen.get("name") if replanned else None,
+        "model_build": replanned[0].gen.get("build") if replanned else None,
         "model_gpu": base_gpu.to_dict() if base_gpu else None,
         "gpu_replanned": bool(base_gpu is not None and gpu is not None and not _same_gpu(base_gpu, gpu)),
         "timeout_s": timeout,

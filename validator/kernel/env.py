@@ -10,8 +10,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..knowledge import load
-from .builds import INSTALL_HINTS, canonical, installed_distributions, lookup_distribution, package_dir, \
-    vllm_flashmla_files
+from .builds import (
+    INSTALL_HINTS,
+    canonical,
+    installed_distributions,
+    lookup_distribution,
+    package_dir,
+    vllm_flashmla_files,
+)
 from .providers import PROVIDER_NAMES, Provider, detect, find_providers, known_generation, torch_installed
 from .runner import ChildSpec, run_job
 
@@ -139,7 +145,7 @@ def render_environment(env: dict, console) -> None:
     auto = env["kernel_gen_auto"]
     p(f"[bold]--kernel-gen auto[/]: {auto['generation']} ({escape(auto['why'])})", markup=True)
     t = env["torch"]
-    p(f"[bold]torch[/]: " + (f"{t['version'] or 'installed'} at {escape(str(t['path']))}" if t["installed"]
+    p("[bold]torch[/]: " + (f"{t['version'] or 'installed'} at {escape(str(t['path']))}" if t["installed"]
                              else "not installed"), markup=True)
     g = env["gpu"] or {}
     if not g.get("checked"):
