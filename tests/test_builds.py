@@ -221,3 +221,28 @@ def test_build_specific_failure_classes():
     assert rep.codes == ["FMLA004"] and rep.findings[0].failure.startswith("python_exception")
     up = check_calls([_sparse(4, topk=100)], "H200", "flashmla-9241ae3")
     assert not up.findings[0].failure.startswith("python_exception")
+
+
+def test_kernel_gen_option_names_a_build_or_fails(tmp_path):
+    runner = CliRunner()
+    seed = ["check", "--example", "dsv4-prefill-3x4096"]
+    # 12288 rows: over 9241ae3's 11622, under sgl-flash-mla's fast path (19370): legal there
+    assert runner.invoke(app, seed + ["--kernel-gen", "flashmla-9241ae3", "-q"]).exit_code == 1
+    assert runner.invoke(app, seed + ["--kernel-gen", SGLFM, "-q"]).exit_code == 0
+    bad = runner.invoke(app, seed + ["--kernel-gen", "nope"])
+    assert bad.exit_code == 2 and "--kernel-gen" in bad.output
+    assert runner.invoke(app, ["bisect", "fixtures/logs/sglang-dsv4-prefill-12288.log", "--kernel-gen", "nope"]).exit_code == 2
+
+
+def test_across_builds_matrix_for_the_seed_batch():
+    res = CliRunner().invoke(app, ["check", "--example", "dsv4-prefill-3x4096", "--across-builds", "--json"])
+    d = json.loads(res.stdout)
+    by = {r["build"]: r for r in d["across_builds"]}
+    assert set(by) == set(build_names())
+    assert not by["flashmla-9241ae3"]["legal"] and "FMLA001" in by["flashmla-9241ae3"]["errors"]
+    assert by["flashmla-9241ae3"]["runs_here"]          # the pre-routing version ships upstream 9241ae3
+    assert by[SGLFM]["legal"] and not by[SGLFM]["warnings"]
+    # sgl-kernel's copy: 4*(5b+1) > 232448 at 12288 rows, so it falls back: legal, with the warning
+    assert by["sgl-kernel-flashmla"]["legal"] and by["sgl-kernel-flashmla"]["warnings"] == ["FMLA015"]
+    assert by["flashmla-2026.09.30"]["errors"] == ["FMLA013"]       # SM100 only; the example is an H200
+    assert res.exit_code == 1                                        # the verdict of the build used

@@ -20,7 +20,7 @@ from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
 from .knowledge import build, build_names, gpu_by_name, gpu_names, load
-from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, Output  # noqa: F401 (the exit codes)
+from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
 from .quick import batch_doc_from_flags
 from .render import render_report
@@ -91,7 +91,7 @@ def _example_path(name: str) -> str:
 def metadata(
     file: str = typer.Argument(..., help="Call record(s): a JSON object, a JSON array, or JSON Lines ('-' = stdin). A first line with only device fields is a device header."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile (default: the newest in rules/flashmla.json)."),
+    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help=KERNEL_GEN_HELP),
     as_json: bool = typer.Option(False, "--json", help="One JSON object per call, in input order."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     reference: bool = typer.Option(False, "--reference", help="Compute with the plain reference loop instead of the fast path."),
@@ -108,6 +108,7 @@ def metadata(
     output = Output.for_flags(as_json, quiet)
     out = output.console
     try:
+        kernel = kernel_option(kernel, output)
         docs, g = split_device_header(load_documents(file), gpu)
         if not docs:
             raise InputError("FILE", "no call records")
@@ -170,7 +171,7 @@ def metadata(
 def check(
     file: Optional[str] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA build to judge by (see `validate-batch builds`); default: the one the engine version ships."),
+    kernel: Optional[str] = typer.Option(None, "--kernel-gen", help=KERNEL_GEN_HELP),
     example: Optional[str] = typer.Option(None, "--example", help="Check a built-in example instead of FILE (e.g. dsv4-prefill-3x4096)."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable verdict: legal, findings, calls, safe_split."),
     across_builds: bool = typer.Option(False, "--across-builds", help="Also judge the same input by every known FlashMLA build: one verdict each (crash, fallback, fine)."),
@@ -213,8 +214,7 @@ def check(
     output = Output.for_flags(as_json, quiet)
     out = output.console
     try:
-        if kernel is not None:
-            kernel = build(kernel)["name"]
+        kernel = kernel_option(kernel, output)
         if engine is not None:
             doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu)
 

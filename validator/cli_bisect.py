@@ -10,7 +10,7 @@ from .batch import parse_engine
 from .errors import InputError
 from .knowledge import resolve_gpu
 from .names import SUMMARY_SETTINGS
-from .output import EXIT_BAD_INPUT, Output  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
+from .output import EXIT_BAD_INPUT, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
 from .split_text import split_summary
 
 EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED = 0, 1
@@ -50,7 +50,7 @@ def register(app) -> None:
         sglang_version: Optional[str] = typer.Option(None, "--sglang-version", help="SGLang release of the server (decides whether Prefill lines follow their forward; default: from the line format)."),
         engine: List[str] = typer.Option([], "--engine", help="Engine profile(s) to check with (sglang-dsv4, sglang-slots); default: from the model and error."),
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU profile (default H200)."),
-        kernel_gen: Optional[str] = typer.Option(None, "--kernel-gen", help="FlashMLA generation profile."),
+        kernel_gen: Optional[str] = typer.Option(None, "--kernel-gen", help=KERNEL_GEN_HELP),
         rank: Optional[str] = typer.Option(None, "--rank", help="Only this DP rank (e.g. DP2)."),
         window: int = typer.Option(64, "--window", min=4, max=100000, help="Steps kept per rank while streaming."),
         as_json: bool = typer.Option(False, "--json", help="Machine-readable diagnosis on stdout."),
@@ -66,6 +66,7 @@ def register(app) -> None:
         try:
             if log is None and dump is None:
                 raise InputError("LOG", "give a log file, '-' for stdin, or --dump FILE")
+            kernel_gen = kernel_option(kernel_gen, output)
             if gpu:
                 resolve_gpu(gpu)
             if sglang_version:

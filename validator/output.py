@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 
 from .errors import InputError
+from .knowledge import build
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
@@ -105,3 +106,33 @@ class Output:
         print(f"internal error: {what} (a bug in validate-batch: please report it with the command and its input{hint})",
               file=sys.stderr)
         return EXIT_INTERNAL
+
+
+KERNEL_GEN_HELP = ("FlashMLA build to judge by: a name from `validate-batch builds`, or `auto` (the build installed "
+                   "here, read from package metadata); default: the one the engine version ships, else "
+                   "rules/flashmla.json's default")
+
+
+def kernel_option(value: str | None, output: "Output") -> str | None:
+    """``--kernel-gen``: a known build name (InputError otherwise), ``auto`` resolved to the installed
+    build (said on stderr), or None."""
+    if value is None:
+        return None
+    if value.strip().lower() == "auto":
+        from .kernel.env import auto_generation  # kernel mode's detection: only when asked for
+        from .kernel.providers import find_providers
+
+        providers = find_providers()
+        if not any(p.api is not None for p in providers):
+            if not output.is_quiet:
+                output.err_console.print("--kernel-gen auto: no FlashMLA build is installed here; judging by the build "
+                                         "the engine version ships (or rules/flashmla.json's default)", markup=False)
+            return None
+        got = auto_generation(providers)
+        if not output.is_quiet:
+            output.err_console.print(f"--kernel-gen auto: {got['generation']} ({got['why']})", markup=False)
+        return got["generation"]
+    try:
+        return build(value)["name"]
+    except InputError as e:
+        raise InputError("--kernel-gen", e.message) from None
