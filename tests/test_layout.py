@@ -19,7 +19,7 @@ LAZY_MODULES = {
     "validator.pytest_plugin": "pytest loads the plugin in every run; the package loads on first use",
 }
 # the CLI imports a command's heavier rooms when that command runs (each costs 20-45 ms of start-up)
-CLI_MODULES = ("validator.cli", "validator.cli_bisect", "validator.cli_kernel")
+CLI_MODULES = ("validator.cli", "validator.cli_bisect", "validator.cli_kernel", "validator.output")
 CLI_LAZY = ("validator.bisect", "validator.ingest", "validator.kernel")
 
 
