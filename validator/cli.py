@@ -19,7 +19,7 @@ from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
-from .knowledge import build, build_names, gpu_by_name, gpu_names, load
+from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
 from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
 from .quick import batch_doc_from_flags
@@ -365,10 +365,12 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSO
     if output.is_json:
         output.json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
         return
-    t = Table("name", "SMs", "cc", "smem opt-in (B)", "max FlashMLA rows", "memory (GB)")
+    sm = generation()["sched_smem"]      # the default build's scheduler
+    t = Table("name", "SMs", "cc", "smem opt-in (B)", f"max FlashMLA rows ({build()['name']})", "memory (GB)")
     for g in gs:
         mem = f"{g.memory_bytes / 1e9:.0f}" if g.memory_bytes else "-"
-        t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str((g.smem_optin - 4) // 20), mem)
+        rows = (g.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
+        t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str(rows), mem)
     output.result(t)
     output.result("Sources: validate-batch gpus --json (or rules/gpus.json).")
 

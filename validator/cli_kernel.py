@@ -138,6 +138,7 @@ def spread_indices(n: int, k: int) -> list[int]:
 def _render_probe(res: dict, out) -> None:
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     q = res["quantity"]
     m = res["model"]
@@ -156,7 +157,7 @@ def _render_probe(res: dict, out) -> None:
         return
     t = Table(q, "measured", "outcome", "model", "model codes", "agrees", "why probed")
     for p in res["probes"]:
-        ag = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "-"}[p["agrees"]]
+        ag = {True: Text("yes", style="green"), False: Text("NO", style="bold red"), None: Text("-")}[p["agrees"]]
         oc = p["outcome"] + (" (fallback kernel)" if p.get("fallback_used") else "")
         t.add_row(str(p["value"]), p["verdict"], oc, p["model_verdict"], ",".join(p["model_codes"]) or "-",
                   ag, p["reason"])
