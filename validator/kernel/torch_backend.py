@@ -245,6 +245,8 @@ def _kernel_job(job, stage, kind: type, what: str):
 def op_decode(job, stage, partial) -> dict:
     torch, dev, mod, info, call = _kernel_job(job, stage, DecodeCall, "decode job needs a sparse or dense call record")
     api = info["api"]
+    if call.entry == "get_mla_decoding_metadata":
+        return _hoisted(torch, dev, mod, info, call, job, stage, partial)
     if call.is_sparse and "indices" not in info["features"]:
         raise Unsupported(f"{info['module']} has no sparse decode (no indices parameter)")
     stage("inputs")
@@ -294,6 +296,32 @@ def op_decode(job, stage, partial) -> dict:
     out.update(used)
     out["api"] = api
     out["provider"] = info["module"]
+    out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
+    return out
+
+
+def _hoisted(torch, dev, mod, info, call, job, stage, partial) -> dict:
+    """The hoisted metadata op alone: ``get_mla_decoding_metadata(cache_seqlens, s_q*h_q/h_k, h_k,
+    h_q, is_fp8_kvcache, topk)`` (a sparse call's cache_seqlens are its constant topk; the dense fp8
+    path passes is_fp8_kvcache=True and no topk)."""
+    fn = getattr(mod, "get_mla_decoding_metadata", None)
+    if fn is None:
+        raise Unsupported(f"{info['module']} has no get_mla_decoding_metadata")
+    stage("inputs")
+    lens = [call.topk] * call.b if call.is_sparse else call.seqlens.tolist()
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    legacy = legacy_kwargs(fn, job_use_legacy(job))
+    used = {"use_legacy": legacy[LEGACY_PARAM]} if legacy else {}
+    if used:
+        partial(used)
+    stage("metadata")
+    started = time.perf_counter()
+    md, ns = fn(seqlens, call.s_q * call.h_q // call.h_k, call.h_k, call.h_q, call.kind != "dense",
+                call.topk if call.is_sparse else None, **legacy)
+    _sync(torch, dev)
+    out = _readback(torch, md, ns)
+    out.update(used, call_s=round(time.perf_counter() - started, 6), api="get_mla_decoding_metadata",
+               provider=info["module"])
     out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
     return out
 
