@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -246,3 +247,20 @@ def test_across_builds_matrix_for_the_seed_batch():
     assert by["sgl-kernel-flashmla"]["legal"] and by["sgl-kernel-flashmla"]["warnings"] == ["FMLA015"]
     assert by["flashmla-2026.09.30"]["errors"] == ["FMLA013"]       # SM100 only; the example is an H200
     assert res.exit_code == 1                                        # the verdict of the build used
+
+
+def test_hoisted_op_runs_alone_past_every_attention_limit():
+    # measured on an H200 with sgl-flash-mla 1.0.0 (fixtures/measured/sglfm_h200_hoisted_measured.jsonl):
+    # the metadata op by itself ran at every b; above 19370 rows on its fallback kernel
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "measured" / "sglfm_h200_hoisted_measured.jsonl"
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    assert "num_sms" in recs[0] and len(recs) > 10
+    for r in recs[1:]:
+        rec = {k: v for k, v in r.items() if k not in OUTPUT_KEYS | {"fallback_used", "metadata_matched_model"}}
+        rep = check_calls([rec], "H200", SGLFM)
+        assert r["outcome"] == "ok" and r["metadata_matched_model"] is True
+        assert rep.legal, (r["kind"], r["b"], rep.codes)
+        assert ("FMLA015" in rep.codes) is r["fallback_used"], (r["kind"], r["b"])
+        _, parts, total = r["message"].split()
+        p = rep.plans[0]
+        assert (p.num_sm_parts, p.schedule.total_splits) == (int(parts), int(total))

@@ -14,7 +14,8 @@ SHARED = REPO_ROOT.parent / "shared" / "oracle"
 
 # Every oracle file the tests and the benchmarks read.
 READ_BY_TESTS = (conftest.CASES_FILE, conftest.PROBES_FILE, conftest.PREFILL_PROBES_FILE,
-                 "flashmla_h200_sched_kernel_timing.json")
+                 "flashmla_h200_sched_kernel_timing.json", "sglfm_h200_legacy_cases.jsonl",
+                 "sglfm_h200_densefp8_cases.jsonl", "sglfm_h200_probes.jsonl")
 
 
 @pytest.mark.parametrize("name", READ_BY_TESTS)

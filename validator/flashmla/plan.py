@@ -285,9 +285,15 @@ class Plan:
         return out
 
     @property
+    def runs_attention(self) -> bool:
+        """The record is an attention call (``flash_mla_with_kvcache``), not the hoisted metadata op
+        alone: split-KV buffers, o_accum offsets and the combine kernel belong to the call."""
+        return self.call.entry == "flash_mla_with_kvcache"
+
+    @property
     def workspace_rows(self) -> int | None:
-        """Rows of the split-KV accumulators: ``b + num_sm_parts``."""
-        if not self.is_decode or self.num_sm_parts is None:
+        """Rows of the split-KV accumulators: ``b + num_sm_parts`` (None: no split-KV attention call)."""
+        if not self.is_decode or self.num_sm_parts is None or not self.runs_attention or not self.split_kv:
             return None
         return self.call.b + self.num_sm_parts
 

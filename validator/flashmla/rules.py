@@ -122,7 +122,7 @@ def oaccum_offset(p: Plan):
     FlashMLA 9241ae3 split-KV and combine kernels; measured on an H200 at five (s_q, h_q) shapes and
     621 random calls.
     """
-    sch = p.schedule if p.is_decode else None
+    sch = p.schedule if p.is_decode and p.runs_attention else None
     if sch is None or sch.last_split_request < 0:
         return None
     c = p.call
