@@ -204,6 +204,9 @@ def test_current_kernels_split_only_past_640_index_entries():
     p = plan(_sparse(big, extra_topk=512), "B200", "flashmla-2026.09.30")
     assert not p.split_kv and p.schedule is None
     assert plan(_sparse(64, extra_topk=576), "B200", "flashmla-2026.09.30").split_kv
+    # enable_batch_invariant turns the split off on those kernels; the legacy ones always split
+    assert not plan(_sparse(64, extra_topk=576, enable_batch_invariant=True), "B200", "flashmla-2026.09.30").split_kv
+    assert plan(_sparse(64, extra_topk=576, enable_batch_invariant=True), "H200", SGLFM).split_kv
 
 
 def test_use_legacy_picks_the_half_and_sm90_runs_only_legacy():

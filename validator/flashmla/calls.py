@@ -31,7 +31,7 @@ IGNORED_KEYS = frozenset({
 DECODE_KEYS = frozenset({
     "kind", "b", "s_q", "h_q", "h_k", "d_qk", "d_v", "topk", "topk_length", "extra_topk",
     "extra_topk_length", "page", "extra_page", "seqlens", "is_fp8", "causal", "bytes_per_token",
-    "kv_stride", "kv_base_align", "use_legacy", "entry",
+    "kv_stride", "kv_base_align", "use_legacy", "entry", "enable_batch_invariant",
 })
 PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv", "use_legacy"})
 #: decode entry points a record may name: the call itself (scheduler run inside it) and the hoisted
@@ -122,6 +122,7 @@ class DecodeCall:
     meta: dict = field(default_factory=dict)
     use_legacy: bool | None = None       # builds with two kernel halves: which one (None: the build's default)
     entry: str = "flash_mla_with_kvcache"
+    enable_batch_invariant: bool = False  # the current kernels then never split the KV
 
     @property
     def is_sparse(self) -> bool:
@@ -168,6 +169,8 @@ class DecodeCall:
             rec["use_legacy"] = self.use_legacy
         if self.entry != "flash_mla_with_kvcache":
             rec["entry"] = self.entry
+        if self.enable_batch_invariant:
+            rec["enable_batch_invariant"] = True
         rec["page"] = self.page
         if self.h_k != 1:
             rec["h_k"] = self.h_k
@@ -305,6 +308,7 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
         label=str(rec.get("label", rec.get("name", "")) or ""),
         use_legacy=use_legacy,
         entry=_entry(rec, prefix, kind),
+        enable_batch_invariant=bool_field(rec, "enable_batch_invariant", prefix, False),
     )
     if kind in ("dense", "dense_fp8"):
         for key in ("topk", "topk_length", "extra_topk", "extra_topk_length"):

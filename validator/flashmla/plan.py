@@ -219,6 +219,8 @@ class Plan:
         if gate is None or not self.is_decode or self.call.kind != "sparse":
             return True
         c = self.call
+        if c.enable_batch_invariant and gate.get("batch_invariant_disables"):
+            return False
         return c.topk + (c.extra_topk or 0) >= gate["min_topk_total"]
 
     @property
