@@ -191,7 +191,7 @@ class Plan:
         sm = self.gen["sched_smem"]
         return sm["base_bytes"] + sm["bytes_per_row"] * self.call.b
 
-    @property
+    @cached
     def fast_sched_rows(self) -> int:
         """Largest b whose scheduler shared memory fits the GPU's opt-in limit (a static scheduler:
         its batch limit)."""
@@ -200,18 +200,18 @@ class Plan:
             return self.gen["max_batch"]["max_b"]
         return (self.gpu.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
 
-    @property
+    @cached
     def falls_back(self) -> bool:
         """This build runs a slower scheduler instead of failing when the fast one does not fit."""
         return "fallback" in self.gen["sched_smem"]
 
-    @property
+    @cached
     def max_sched_rows(self) -> int:
         """Largest b the scheduler runs at all: the fast path's limit, or the largest valid b when the
         build falls back to a low-shared-memory scheduler above it."""
         return MAX_ROWS if self.falls_back else self.fast_sched_rows
 
-    @property
+    @cached
     def split_kv(self) -> bool:
         """The call splits the KV across partitions (scheduler, o_accum, combine). Builds that gate it
         split only when the index widths add up past their threshold; the others always do."""
@@ -324,6 +324,8 @@ class Plan:
         p = object.__new__(Plan)
         p.__dict__.update(call=call, gpu=self.gpu, gen=self.gen, implementation=self.implementation,
                           num_sm_parts=self.num_sm_parts, memo=memo, quiet_rules=quiet_rules)
+        for name in SHAPE_FACTS:        # they depend on the shape alone: computed once on the shape's plan
+            p.__dict__[name] = getattr(self, name)
         return p
 
     def to_dict(self, with_schedule: bool = True) -> dict:
@@ -347,6 +349,9 @@ class Plan:
                     out["num_splits"] = sch.num_splits.tolist()
         return out
 
+
+#: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)
+SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv")
 
 _HOISTED: dict[tuple, dict] = {}
 

@@ -650,7 +650,7 @@ def sched_fallback(p: Plan):
     ## Source
     sgl-flash-mla 1.0.0 measured on an H200 (b up to 200000 ran; scheduler device time per b).
     """
-    if not p.is_decode or not p.split_kv or not p.falls_back:
+    if not p.is_decode or not p.falls_back or not p.split_kv:
         return None
     need, limit = p.sched_smem_bytes, p.gpu.smem_optin
     if need <= limit:
@@ -687,7 +687,7 @@ def static_batch(p: Plan):
     Measured on an H200 with sgl-flash-mla 1.0.0: 4095 ok, 4096 exits.
     """
     lim = p.gen.get("max_batch")
-    if not p.is_decode or lim is None or p.call.b <= lim["max_b"]:
+    if lim is None or not p.is_decode or p.call.b <= lim["max_b"]:
         return None
     return [static_batch.rule.finding(
         f"{p.call.b} requests exceed the scheduler's static arrays; expected b <= {lim['max_b']}, got {p.call.b}",
