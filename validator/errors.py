@@ -25,7 +25,11 @@ class BatchIllegalError(Exception):
     def __init__(self, report):
         self.report = report
         self.findings = [f for f in report.findings if f.is_error]
-        self.safe_split = report.safe_split
         head = "; ".join(f"{f.code} {f.message}" for f in self.findings[:3])
         more = f" (+{len(self.findings) - 3} more)" if len(self.findings) > 3 else ""
         super().__init__(f"batch is illegal: {head}{more}")
+
+    @property
+    def safe_split(self):
+        """The report's minimal split (computed when first read)."""
+        return self.report.safe_split

@@ -25,13 +25,17 @@ def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = Tr
         setup = engine_setup(batch, kernel)
     report = evaluate(batch, kernel, memo, setup)
     if split and not report.legal:
-        if bounds is None or bounds.rules_generation != generation():
-            bounds = derive_bounds(batch, setup, kernel)
-
         def legal(reqs) -> bool:
             return evaluate(batch.with_requests(reqs), kernel, None, setup).legal
 
-        report.safe_split = safe_split(batch, report, legal, bounds)
+        def split_now():
+            b = bounds
+            if b is None or b.rules_generation != generation():
+                b = derive_bounds(batch, setup, kernel)
+            return safe_split(batch, report, legal, b)
+
+        # built on first read: a guard that only asks "legal?" does not pay for the split
+        report.defer_split(split_now)
     return report
 
 

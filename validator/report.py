@@ -56,13 +56,14 @@ class Report:
     step whose report is only asked "legal?" does not pay for it.
     """
 
-    __slots__ = ("findings", "plans", "safe_split", "batch_plan", "_context", "_context_fn")
+    __slots__ = ("findings", "plans", "_safe_split", "_split_fn", "batch_plan", "_context", "_context_fn")
 
     def __init__(self, findings: list[Finding], plans: list | None = None, safe_split: Any = None,
                  context: dict | None = None, batch_plan: Any = None):
         self.findings = findings
         self.plans = [] if plans is None else plans
-        self.safe_split = safe_split
+        self._safe_split = safe_split
+        self._split_fn = None
         self._context = {} if context is None else context
         self._context_fn = None
         self.batch_plan = batch_plan
@@ -79,6 +80,26 @@ class Report:
     def context(self, value: dict) -> None:
         self._context = value
         self._context_fn = None
+
+    @property
+    def safe_split(self):
+        """The minimal safe split (None when legal or not asked for); a deferred one is computed on
+        first read, so a guard that only asks "legal?" never pays for it."""
+        fn = self._split_fn
+        if fn is not None:
+            self._split_fn = None
+            self._safe_split = fn()
+        return self._safe_split
+
+    @safe_split.setter
+    def safe_split(self, value) -> None:
+        self._safe_split = value
+        self._split_fn = None
+
+    def defer_split(self, build: Callable[[], Any]) -> None:
+        """Set ``safe_split`` to ``build()``, called on first read (at most once)."""
+        self._safe_split = None
+        self._split_fn = build
 
     def defer_context(self, build: Callable[[], dict]) -> None:
         """Set ``context`` to ``build()``, called on first read (at most once)."""
