@@ -87,12 +87,28 @@ class RequestColumns(_SequenceABC):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return tuple(self._make(k) for k in range(*i.indices(self._n)))
+            lo, hi, step = i.indices(self._n)
+            if step == 1:
+                return self.columns(lo, max(hi, lo))
+            return tuple(self._make(k) for k in range(lo, hi, step))
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
             raise IndexError("request index out of range")
         return self._make(i)
+
+    def columns(self, lo: int, hi: int) -> "RequestColumns":
+        """Requests ``lo .. hi-1`` as columns again (the lists sliced, no request objects built)."""
+        def cut(col):
+            return None if col is None else col[lo:hi]
+
+        ids = self.ids[lo:hi] if self.ids is not None else [f"r{k}" for k in range(lo, hi)]
+        return RequestColumns(hi - lo, ids, cut(self.extend), cut(self.prefix), cut(self.seq), cut(self.slot),
+                              min(max(self.decode_from - lo, 0), hi - lo))
+
+    def id_list(self) -> list[str]:
+        """The request ids, in order."""
+        return [str(x) for x in self.ids] if self.ids is not None else [f"r{k}" for k in range(self._n)]
 
     def __iter__(self):
         return (self._make(i) for i in range(self._n))
@@ -189,7 +205,7 @@ class Batch:
         return self.forward_mode == "extend" and bool(self.arg("enable_mixed_chunk", False)) and bool(self.running)
 
     def with_requests(self, reqs: Sequence[Request]) -> "Batch":
-        return replace(self, requests=tuple(reqs))
+        return replace(self, requests=reqs if isinstance(reqs, RequestColumns) else tuple(reqs))
 
     def for_step(self, forward_mode: str, requests: Sequence[Request], padded_rows: int | None) -> "Batch":
         """This configuration with another step's mode, requests and padding. The configuration was

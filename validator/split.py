@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .batch import Batch, Request
+from .batch import Batch, Request, RequestColumns, request_arrays
 from .bounds import RowRule
 from .forward import request_rows
 from .names import ROUTABLE_MODES
@@ -177,6 +177,12 @@ def _chunk_requests(batch: Batch, step: list[dict]) -> list[Request]:
     return out
 
 
+#: requests named in a reason; full checks of single requests the split makes at most (the rest
+#: follow from the row rule when it decides, or are not named)
+MAX_NAMED = 20
+MAX_SINGLE_CHECKS = 64
+
+
 def _settings(batch: Batch, report, bounds) -> list[dict]:
     """Engine settings that would have prevented the batch, from each of its profiles."""
     bp = report.batch_plan
@@ -232,8 +238,11 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
 
     ``legal(requests)``: the full check of the batch with just these requests; ``bounds``: the
     configuration's :class:`~validator.bounds.StepBounds` (its row rule is the cheap predicate)."""
-    reqs = list(batch.requests)
+    reqs = batch.requests
+    if not isinstance(reqs, RequestColumns):
+        reqs = tuple(reqs)
     n = len(reqs)
+    ids = reqs.id_list() if isinstance(reqs, RequestColumns) else [r.id for r in reqs]
     settings = _settings(batch, report, bounds)
     reason = _no_split(report.errors)
     if reason is not None:
@@ -261,20 +270,30 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
     rechecked = True
     if segs is not None and not all(full_seg(i, j) for i, j in segs):
         segs = _min_contiguous(n, full_seg) if n <= 400 else _min_greedy(n, full_seg)
-    steps = [[r.id for r in reqs[i:j]] for i, j in segs] if segs is not None else None
+    steps = [ids[i:j] for i, j in segs] if segs is not None else None
     unchunked_reason = ""
     if steps is None:
-        bad = [r.id for k, r in enumerate(reqs) if not seg_ok(k, k + 1)]
-        unchunked_reason = f"request(s) {', '.join(bad)} are illegal even alone; they need chunking"
+        bad, asked = [], 0
+        for k in range(n):              # full checks are bounded: the first few requests illegal alone
+            if len(bad) >= MAX_NAMED or (pred is None and asked >= MAX_SINGLE_CHECKS):
+                break
+            asked += pred is None
+            if not seg_ok(k, k + 1):
+                bad.append(ids[k])
+        more = " (and possibly more)" if len(bad) >= MAX_NAMED or asked >= MAX_SINGLE_CHECKS else ""
+        unchunked_reason = f"request(s) {', '.join(bad)}{more} are illegal even alone; they need chunking"
     chunked = None
     if pred is not None and batch.forward_mode in ROUTABLE_MODES:
         chunked = _chunked(batch, pred, bounds.max_rows - merged)
         if chunked is not None and not all(legal(_chunk_requests(batch, st)) for st in chunked):
             chunked = None
     naive = None
-    if batch.forward_mode in ROUTABLE_MODES and (batch.running or any(r.is_decode for r in reqs)):
-        prefills = [r for r in reqs if not r.is_decode]
-        illegal = [r.id for r in prefills if not legal([r])]
+    is_dec = request_arrays(reqs)[3]
+    if batch.forward_mode in ROUTABLE_MODES and (batch.running or bool(is_dec.any())):
+        prefills = [k for k in range(n) if not is_dec[k]]
+        # a prefill alone: by the row rule when it decides, else a full check (at most MAX_SINGLE_CHECKS)
+        one = (lambda k: pred(costs[k])) if pred is not None else (lambda k: legal(reqs[k:k + 1]))
+        illegal = [ids[k] for k in prefills[:MAX_SINGLE_CHECKS if pred is None else len(prefills)] if not one(k)]
         naive = {"rule": "one prefill per step while decoding", "steps": len(prefills), "illegal_steps": illegal,
                  "crashes": bool(illegal)}
     possible = steps is not None or chunked is not None

@@ -1,11 +1,27 @@
 """SGL0xx (engine routing) and SLOT0xx (request slots): rules over a BatchPlan."""
 from __future__ import annotations
 
+import numpy as np
+
+from ..batch import RequestColumns
 from ..registry import rule
 
 
-def _slot_reqs(bp):
-    return [r for r in bp.batch.requests if r.req_pool_idx is not None]
+def _holding(bp, where) -> list[tuple[str, int]]:
+    """``(request id, slot)`` of the requests whose slot ``where(slots)`` selects (a numpy mask over
+    the step's slots: one vectorized pass, request objects never built)."""
+    reqs = bp.batch.requests
+    if isinstance(reqs, RequestColumns):
+        if reqs.slot is None or not len(reqs):
+            return []
+        a = np.asarray(reqs.slot, dtype=np.int64)
+        ids = reqs.ids
+        return [(str(ids[i]) if ids is not None else f"r{i}", int(a[i])) for i in np.flatnonzero(where(a))]
+    held = [(r.id, r.req_pool_idx) for r in reqs if r.req_pool_idx is not None]
+    if not held:
+        return []
+    mask = where(np.array([x for _, x in held], dtype=np.int64))
+    return [h for h, m in zip(held, mask) if m]
 
 
 @rule("SGL001", scope="batch", reads="rows")
@@ -114,17 +130,17 @@ def slot_in_table(bp):
         return None
     t = bp.slots.table_rows
     out = []
-    for r in _slot_reqs(bp):
-        if r.req_pool_idx >= t:
+    for rid, slot in _holding(bp, lambda a: (a >= t) | (a == 0)):
+        if slot >= t:
             out.append(slot_in_table.rule.finding(
-                f"request {r.id} holds slot {r.req_pool_idx}; expected a slot in 1..{t - 1} of the {t}-row request table, got {r.req_pool_idx}",
-                subject=f"request {r.id}, slot {r.req_pool_idx}",
-                numbers={"request": r.id, "slot": r.req_pool_idx, "table_rows": t},
+                f"request {rid} holds slot {slot}; expected a slot in 1..{t - 1} of the {t}-row request table, got {slot}",
+                subject=f"request {rid}, slot {slot}",
+                numbers={"request": rid, "slot": slot, "table_rows": t},
                 fix="the engine handed out a slot beyond its table: check max_running_requests / extra slots"))
-        elif r.req_pool_idx == 0:
+        elif slot == 0:
             out.append(slot_in_table.rule.finding(
-                f"request {r.id} holds slot 0, the reserved padding row; expected 1..{t - 1}",
-                subject=f"request {r.id}, slot 0", numbers={"request": r.id, "slot": 0}, severity="warning",
+                f"request {rid} holds slot 0, the reserved padding row; expected 1..{t - 1}",
+                subject=f"request {rid}, slot 0", numbers={"request": rid, "slot": 0}, severity="warning",
                 fix="real requests never hold slot 0; only CUDA-graph padding rows use it"))
     return out
 
@@ -165,13 +181,14 @@ def slot_in_buffers(bp):
     for buf in bp.slots.buffers[1:]:
         if buf.indexed_by != "req_pool_idx":
             continue
-        bad = [r for r in _slot_reqs(bp) if r.req_pool_idx < bp.slots.table_rows and r.req_pool_idx >= buf.rows]
-        for r in bad:
+        t, rows = bp.slots.table_rows, buf.rows
+        bad = _holding(bp, lambda a: (a < t) & (a >= rows))
+        for rid, slot in bad:
             out.append(slot_in_buffers.rule.finding(
-                f"request {r.id} holds slot {r.req_pool_idx} but {buf.name} has {buf.rows} rows; expected slot < {buf.rows}, "
-                f"got {r.req_pool_idx} (index {r.req_pool_idx} is out of bounds for dimension 0 with size {buf.rows})",
-                subject=f"request {r.id}, slot {r.req_pool_idx}, buffer {buf.name}",
-                numbers={"request": r.id, "slot": r.req_pool_idx, "buffer": buf.name, "buffer_rows": buf.rows,
+                f"request {rid} holds slot {slot} but {buf.name} has {buf.rows} rows; expected slot < {buf.rows}, "
+                f"got {slot} (index {slot} is out of bounds for dimension 0 with size {buf.rows})",
+                subject=f"request {rid}, slot {slot}, buffer {buf.name}",
+                numbers={"request": rid, "slot": slot, "buffer": buf.name, "buffer_rows": buf.rows,
                          "table_rows": bp.slots.table_rows, "sizing": buf.sizing},
                 fix=f"size {buf.name} from the request table: {bp.slots.table_rows + 1} rows (table rows + 1)"))
         if not bad and buf.rows <= live_max:
@@ -246,12 +263,13 @@ def per_dp_buffer_global_slot(bp):
     for buf in bp.slots.buffers:
         if buf.indexed_by != "global_slot":
             continue
-        for r in _slot_reqs(bp):
-            if r.req_pool_idx >= buf.rows:
+        rows = buf.rows
+        for rid, slot in _holding(bp, lambda a: a >= rows):
+            if slot >= rows:
                 out.append(per_dp_buffer_global_slot.rule.finding(
-                    f"request {r.id} has global slot {r.req_pool_idx} but {buf.name} ({buf.scope}) has {buf.rows} rows; "
-                    f"expected slot < {buf.rows}, got {r.req_pool_idx}",
-                    subject=f"request {r.id}, slot {r.req_pool_idx}, buffer {buf.name}",
-                    numbers={"request": r.id, "slot": r.req_pool_idx, "buffer": buf.name, "buffer_rows": buf.rows},
+                    f"request {rid} has global slot {slot} but {buf.name} ({buf.scope}) has {buf.rows} rows; "
+                    f"expected slot < {buf.rows}, got {slot}",
+                    subject=f"request {rid}, slot {slot}, buffer {buf.name}",
+                    numbers={"request": rid, "slot": slot, "buffer": buf.name, "buffer_rows": buf.rows},
                     fix="size the buffer for all DP ranks' slots, or index it with the local slot"))
     return out
