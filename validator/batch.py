@@ -293,6 +293,8 @@ def default_profile() -> str:
 def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
     data = load("engines")
     specs = spec if isinstance(spec, list) else [spec]
+    if not specs:
+        raise InputError("engine", "expected at least one engine profile, got an empty list")
     out = []
     for i, s in enumerate(specs):
         where = "engine" if not isinstance(spec, list) else f"engine[{i}]"

@@ -157,12 +157,21 @@ class Checker:
     def __init__(self, engine: Any = None, gpu: Any = "H200", server_args: Any = None, *,
                  model: Mapping | None = None, buffers: list | None = None, kernel: str | None = None,
                  split: bool = True, kernel_build: str | None = None):
-        doc: dict = {"engine": default_profile() if engine is None else engine, "server_args": _server_args(server_args), "forward_mode": "decode",
+        if model is not None and not isinstance(model, Mapping):
+            raise InputError("model", f"expected a mapping of model fields, got {type(model).__name__}")
+        if buffers is not None and not isinstance(buffers, (list, tuple)):
+            raise InputError("buffers", f"expected a list of buffers, got {type(buffers).__name__}")
+        if engine is not None and not isinstance(engine, (str, list, tuple)):
+            raise InputError("engine", f"expected a profile name or a list of them, got {type(engine).__name__}")
+        doc: dict = {"engine": default_profile() if engine is None else (list(engine) if isinstance(engine, tuple) else engine), "server_args": _server_args(server_args), "forward_mode": "decode",
                      "requests": [{"id": "probe", "seq_len": 1}]}
         if model:
             doc["model"] = dict(model)
         if buffers:
             doc["buffers"] = [dict(b) if isinstance(b, Mapping) else b for b in buffers]
+        for name, value in (("kernel", kernel), ("kernel_build", kernel_build)):
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise InputError(name, f"expected a FlashMLA build name, got {value!r:.80}")
         if kernel_build is not None and kernel is not None and kernel_build != kernel:
             raise InputError("kernel_build", f"given twice: kernel={kernel!r}, kernel_build={kernel_build!r}")
         kernel = kernel or kernel_build

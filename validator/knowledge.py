@@ -46,7 +46,7 @@ def _norm(s: str) -> str:
     return "".join(ch for ch in s.lower() if ch.isalnum())
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=256)       # keyed by what users type: bounded
 def gpu_by_name(name: str) -> GPU:
     """Look a GPU profile up by name or alias (case and punctuation are ignored)."""
     table = load("gpus")["gpus"]
@@ -119,6 +119,8 @@ def build(name: str | None = None) -> dict:
     """One build: ``{"name", "kernels": {selector: generation}, ...}``. A generation's own name is a
     build of that generation alone."""
     data = load("flashmla")
+    if name is not None and not isinstance(name, str):
+        raise InputError("kernel", f"expected a FlashMLA build name, got {type(name).__name__}")
     key = name or data["default"]
     builds = data["builds"]
     if key in builds and not key.startswith("_"):
@@ -157,7 +159,7 @@ def generation_name(name: str | None, path: str | None = None, use_legacy: bool 
     raise InputError("kernel", f"build {b['name']} has no kernel for {path} calls (it has: {', '.join(kernels)})")
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=256)
 def generation(name: str | None = None, path: str | None = None, use_legacy: bool | None = None,
                arch: int | None = None) -> dict:
     """The FlashMLA generation a call runs on build ``name`` (see :func:`generation_name`): its

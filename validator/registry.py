@@ -127,7 +127,7 @@ def get_rule(code: str) -> Rule | None:
     return REGISTRY.get(code.upper())
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=64)
 def _scope_rules(scope: str, gen: int) -> tuple[Rule, ...]:
     # keyed by the registry's generation: a rule registered later gets a fresh selection
     return tuple(REGISTRY[c] for c in sorted(REGISTRY) if REGISTRY[c].scope == scope)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..knowledge import GPU, generation, resolve_gpu
+from ..knowledge import GPU, build, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
 
@@ -371,6 +371,7 @@ def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan
     if isinstance(call, dict):
         call = call_from_record(call)
     g = resolve_gpu(gpu)
+    build(kernel)                   # a bad name is an InputError here, before any cache sees it
     if isinstance(call, SparsePrefillCall):
         return Plan(call, g, generation(kernel, "prefill", call.use_legacy, g.arch), None, None)
     gen = generation(kernel, call.kind, call.use_legacy, g.arch)

@@ -39,7 +39,7 @@ def _vtuple(v: str) -> tuple[int, ...] | None:
         return None
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=256)       # keyed by the version strings users give: bounded
 def resolve_version(profile: str, version: str | None) -> dict:
     """The version entry of a profile: by alias, by name, or by release number ranges."""
     prof = load("engines")["profiles"][profile]
