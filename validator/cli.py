@@ -5,6 +5,7 @@ Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field), 4 inter
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -20,7 +21,7 @@ from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
-from .output import EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
+from .output import DEBUG_ENV, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
 from .quick import batch_doc_from_flags
 from .render import render_report
@@ -68,8 +69,11 @@ def _version(value: bool) -> None:
 def _root(
     show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                       help="Print the version and whether the compiled helpers are in use, then exit."),
+    debug: bool = typer.Option(False, "--debug", help="On an internal error (exit 4), print the traceback too."),
 ) -> None:
     """Is this batch legal for the attention kernels?"""
+    if debug:
+        os.environ[DEBUG_ENV] = "1"
 
 
 GPU_HELP = "GPU profile name (H100-SXM, H800, H20, H200, B200, GB200, ...) or raw numbers 'num_sms=132,cc=9.0,smem_optin=232448'. Overrides a device header in the input."

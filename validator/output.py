@@ -101,8 +101,10 @@ class Output:
         if debug:
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         message = " ".join(str(exc).split())
+        if len(message) > 200:
+            message = message[:200] + f"... ({len(message)} characters)"
         what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-        hint = "" if debug else f"; {DEBUG_ENV}=1 shows the traceback"
+        hint = "" if debug else f"; --debug or {DEBUG_ENV}=1 shows the traceback"
         print(f"internal error: {what} (a bug in validate-batch: please report it with the command and its input{hint})",
               file=sys.stderr)
         return EXIT_INTERNAL
