@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..limits import echo
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 MAX_PLAIN_DEPTH = 200
@@ -128,7 +129,7 @@ class StandIn:
         return out
 
     def __repr__(self) -> str:
-        return f"<stand-in {self.qualified()} args={self.args!r} state={'set' if self.state is not None else 'none'}>"
+        return f"<stand-in {self.qualified()} args={echo(self.args)} state={'set' if self.state is not None else 'none'}>"
 
 
 def _check_plain(x: Any, what: str, depth: int = 0, seen: set | None = None) -> Any:
@@ -241,7 +242,7 @@ class RestrictedUnpickler(pickle.Unpickler):
                                     "that can run code or touch the system; nothing was executed")
         if not name or not all(part.isidentifier() for part in name.split(".")) or not all(
                 part.isidentifier() for part in module.split(".")):
-            raise UnsafePickleError(f"refused a malformed global name {qual!r}{self._where()}")
+            raise UnsafePickleError(f"refused a malformed global name {echo(qual)}{self._where()}")
         key = (module, name)
         cls = self._classes.get(key)
         if cls is None:
@@ -280,7 +281,7 @@ def load_pickle(path: str, trust: bool = False) -> Any:
     try:
         return pickle.loads(data)  # noqa: S301 - explicit opt-in (--trust-pickle) for the user's own files
     except ModuleNotFoundError as e:
-        raise InputError("--trust-pickle", f"the dump needs module {e.name!r} installed to load it trusted; "
+        raise InputError("--trust-pickle", f"the dump needs module {echo(e.name)} installed to load it trusted; "
                          "drop --trust-pickle to read it with the restricted loader") from None
     except Exception as e:
         raise InputError("crash dump", f"not a readable pickle: {type(e).__name__}: {e}") from None
