@@ -319,6 +319,8 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
                 raise InputError(f"server_args.{key}", f"expected {names}, got {echo(v)}")
             if isinstance(v, int) and not isinstance(v, bool) and v < 0:
                 raise InputError(f"server_args.{key}", f"expected >= 0, got {echo(v)}")
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
+            raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
         sa[key] = v
     mode = doc.get("forward_mode")
     if mode is None:

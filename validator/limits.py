@@ -14,6 +14,7 @@ from .errors import InputError
 MAX_DOCUMENT_BYTES = 256 * 1024 * 1024   # one batch / call-record document (file or stdin)
 MAX_DEPTH = 64                           # nesting of lists and mappings in a document or crash dump
 MAX_NODES = 1 << 24                      # values of a document once YAML aliases / shared references are expanded
+MAX_DUMP_NODES = 1 << 20                 # values of a crash dump once shared references are expanded
 MAX_STRING_CHARS = 1 << 20               # one string (scalar) of a document
 MAX_INT_DIGITS = 20                      # digits of one integer in a log line or a flag (2**64 has 20)
 MAX_DOCUMENT_INT_DIGITS = 1000           # digits of one integer in a document (its field's range check names it)
@@ -102,10 +103,11 @@ def check_int(v: int, field: str, digits: int = MAX_INT_DIGITS) -> int:
 
 
 def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
-               max_string: int = MAX_STRING_CHARS) -> None:
+               max_string: int = MAX_STRING_CHARS, children: Any = None) -> None:
     """Walk ``value`` without recursion: nesting at most ``max_depth``, at most ``max_nodes`` values
     (a shared list counts once per reference, a list containing itself is refused), no string longer
-    than ``max_string`` and no integer over :data:`MAX_DOCUMENT_INT_DIGITS` digits."""
+    than ``max_string`` and no integer over :data:`MAX_DOCUMENT_INT_DIGITS` digits. ``children(x)``
+    gives the parts of other objects (a tuple), or None for a leaf."""
     nodes = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     open_ids: dict[int, int] = {}       # containers on the current path -> their depth
@@ -153,6 +155,16 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
             continue
         if isinstance(x, int) and not isinstance(x, bool):
             check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
+            continue
+        parts = children(x) if children is not None else None
+        if parts is not None:
+            if depth >= max_depth:
+                raise InputError(field, f"nested deeper than {max_depth} levels")
+            if id(x) in open_ids:
+                raise InputError(field, "a value that contains itself")
+            open_ids[id(x)] = depth
+            path.append(id(x))
+            stack.extend((v, depth + 1) for v in parts)
 
 
 def read_bounded(fh: Any, limit: int, name: str, field: str = "FILE") -> bytes:

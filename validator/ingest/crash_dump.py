@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import io
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import limits
 from ..errors import InputError
 from ..limits import echo
 
@@ -141,10 +143,13 @@ def _check_plain(x: Any, what: str, depth: int = 0, seen: set | None = None) -> 
     if isinstance(x, StandIn) or (isinstance(x, type) and issubclass(x, StandIn) and x is not StandIn):
         return x
     if isinstance(x, (list, tuple, dict, set, frozenset)):
-        seen = seen if seen is not None else set()
+        seen = seen if seen is not None else (_CHECKED[-1] if _CHECKED else set())
         if id(x) in seen:
             return x
-        seen.add(id(x))
+        if isinstance(seen, _Seen):
+            seen[id(x)] = x
+        else:
+            seen.add(id(x))
         items = list(x.items()) if isinstance(x, dict) else [(None, v) for v in x]
         for k, v in items:
             if k is not None:
@@ -259,13 +264,42 @@ def restricted_loads(data: bytes) -> Any:
     """Unpickle ``data`` without importing or calling anything it names."""
     bio = io.BytesIO(data)
     try:
-        return RestrictedUnpickler(bio).load()
+        with _checked_once():
+            obj = RestrictedUnpickler(bio).load()
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             KeyError, OverflowError, MemoryError, RecursionError, UnicodeDecodeError) as e:
         raise InputError("crash dump", f"not a readable pickle (near byte {bio.tell()}): "
-                         f"{type(e).__name__}: {e}") from None
+                         f"{type(e).__name__}: {echo(str(e))}") from None
+    limits.check_tree(obj, "crash dump", max_nodes=limits.MAX_DUMP_NODES, children=_standin_parts)
+    return obj
+
+
+def _standin_parts(x: Any) -> tuple | None:
+    if isinstance(x, StandIn):
+        d = x.__dict__
+        return (d.get("_args"), d.get("_kwargs"), d.get("_state"), d.get("_items"), d.get("_setitems"))
+    if isinstance(x, (set, frozenset)):
+        return tuple(x)
+    return None
+
+
+class _Seen(dict):
+    """Containers already checked during one load, by id (the values keep them alive so that their
+    ids stay theirs)."""
+
+
+_CHECKED: list[_Seen] = []   # containers already checked by _check_plain during the current load
+
+
+@contextmanager
+def _checked_once():
+    _CHECKED.append(_Seen())
+    try:
+        yield
+    finally:
+        _CHECKED.pop()
 
 
 def load_pickle(path: str, trust: bool = False) -> Any:
@@ -393,12 +427,14 @@ def read_crash_dump(path: str, trust: bool = False) -> CrashDump:
         bio = io.BytesIO(p.read_bytes())
         up = RestrictedUnpickler(bio)
         try:
-            top = up.load()
+            with _checked_once():
+                top = up.load()
         except UnsafePickleError:
             raise
         except Exception as e:
             raise InputError("crash dump", f"{path}: not a readable pickle (near byte {bio.tell()}): "
-                             f"{type(e).__name__}: {e}") from None
+                             f"{type(e).__name__}: {echo(str(e))}") from None
+        limits.check_tree(top, "crash dump", max_nodes=limits.MAX_DUMP_NODES, children=_standin_parts)
         seen = up.globals_seen
     if not isinstance(top, dict):
         raise InputError("crash dump", f"{path}: expected a dict with server_args / requests / launch_command, "
