@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import InputError
+from .limits import echo
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
@@ -260,17 +261,17 @@ REQUEST_KEYS = {"id", "rid", "extend_tokens", "extend_len", "new_tokens", "prefi
 
 def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Request:
     if not isinstance(d, Mapping):
-        raise InputError(where, f"expected an object with id / extend_tokens / seq_len / req_pool_idx, got {d!r}")
+        raise InputError(where, f"expected an object with id / extend_tokens / seq_len / req_pool_idx, got {echo(d)}")
     for k in d:
         if k not in REQUEST_KEYS:
             raise InputError(f"{where}.{k}", f"unknown field (known: {', '.join(sorted(REQUEST_KEYS))})")
     rid = d.get("id", d.get("rid", f"r{index}"))
     if not isinstance(rid, (str, int)) or isinstance(rid, bool):
-        raise InputError(f"{where}.id", f"expected a string, got {rid!r}")
+        raise InputError(f"{where}.id", f"expected a string, got {echo(rid)}")
     ext_key = next((k for k in ("extend_tokens", "extend_len", "new_tokens") if k in d), "extend_tokens")
     kind = d.get("kind")
     if kind not in (None, "extend", "decode"):
-        raise InputError(f"{where}.kind", f"expected \"extend\" or \"decode\", got {kind!r}")
+        raise InputError(f"{where}.kind", f"expected \"extend\" or \"decode\", got {echo(kind)}")
     is_decode = kind == "decode" or (kind is None and default_decode and ext_key not in d) or (
         kind is None and "seq_len" in d and ext_key not in d)
     extend = int_field(d, ext_key, where, 0, MAX_TOKENS, 0 if is_decode else ...)
@@ -299,11 +300,11 @@ def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
     for i, s in enumerate(specs):
         where = "engine" if not isinstance(spec, list) else f"engine[{i}]"
         if not isinstance(s, str) or not s.strip():
-            raise InputError(where, f"expected a profile name like 'sglang-dsv4@0.5.12', got {s!r}")
+            raise InputError(where, f"expected a profile name like 'sglang-dsv4@0.5.12', got {echo(s)}")
         name, _, version = s.strip().partition("@")
         name = data["aliases"].get(name, name)
         if name not in data["profiles"]:
-            raise InputError(where, f"unknown engine profile {name!r}; known: {', '.join(data['profiles'])}")
+            raise InputError(where, f"unknown engine profile {echo(name)}; known: {', '.join(data['profiles'])}")
         out.append((name, version or None))
     return tuple(out)
 
@@ -323,7 +324,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     g = resolve_gpu(gpu if gpu is not None else doc.get("gpu", "H200"))
     sa_raw = doc.get("server_args") or {}
     if not isinstance(sa_raw, Mapping):
-        raise InputError("server_args", f"expected an object of engine flags, got {sa_raw!r}")
+        raise InputError("server_args", f"expected an object of engine flags, got {echo(sa_raw)}")
     sa: dict[str, Any] = {}
     for k, v in sa_raw.items():
         key = normalize_setting(str(k))
@@ -333,18 +334,20 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             ok = isinstance(v, types) and not (bool not in types and isinstance(v, bool))
             if not ok:
                 names = "/".join("null" if t is type(None) else t.__name__ for t in types)
-                raise InputError(f"server_args.{key}", f"expected {names}, got {v!r}")
+                raise InputError(f"server_args.{key}", f"expected {names}, got {echo(v)}")
             if isinstance(v, int) and not isinstance(v, bool) and v < 0:
-                raise InputError(f"server_args.{key}", f"expected >= 0, got {v}")
+                raise InputError(f"server_args.{key}", f"expected >= 0, got {echo(v)}")
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
+            raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
         sa[key] = v
     mode = doc.get("forward_mode")
     if mode is None:
         raise InputError("forward_mode", f"missing (one of {', '.join(FORWARD_MODES)})")
     if not isinstance(mode, str):
-        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {mode!r}")
+        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {echo(mode)}")
     mode = MODE_ALIASES.get(mode.lower(), mode.lower())
     if mode not in FORWARD_MODES:
-        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {doc.get('forward_mode')!r}")
+        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {echo(doc.get('forward_mode'))}")
     reqs_raw = doc.get("requests")
     if not isinstance(reqs_raw, list) or not reqs_raw:
         raise InputError("requests", "expected a non-empty list of requests in this forward")
@@ -355,7 +358,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     ids = [r.id for r in reqs]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
-        raise InputError("requests", f"duplicate request id {dup!r}")
+        raise InputError("requests", f"duplicate request id {echo(dup)}")
     if sum(r.extend_tokens for r in reqs) > MAX_ROWS:
         raise InputError("requests", f"total extend tokens {sum(r.extend_tokens for r in reqs)} is absurd (expected <= {MAX_ROWS})")
     running_raw = doc.get("running") or []
@@ -365,7 +368,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     padded = int_field(doc, "padded_rows", "batch", 0, MAX_ROWS, None) if "padded_rows" in doc else None
     model = doc.get("model") or {}
     if not isinstance(model, Mapping):
-        raise InputError("model", f"expected an object, got {model!r}")
+        raise InputError("model", f"expected an object, got {echo(model)}")
     for k, v in model.items():
         rule = MODEL_KEYS.get(k)
         if rule is None:
@@ -373,7 +376,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         typ, lo = rule
         if typ is bool:
             if not isinstance(v, bool):
-                raise InputError(f"model.{k}", f"expected true or false, got {v!r}")
+                raise InputError(f"model.{k}", f"expected true or false, got {echo(v)}")
         else:
             int_field(model, k, "model", lo, MAX_TOKENS * 64)
     buffers = doc.get("buffers") or []
@@ -389,12 +392,12 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             if k in ("rows", "plus"):
                 int_field(ub, k, where, 0, MAX_TOKENS * 64)
             elif k != "name" and not isinstance(v, str):
-                raise InputError(f"{where}.{k}", f"expected a string, got {v!r}")
+                raise InputError(f"{where}.{k}", f"expected a string, got {echo(v)}")
     label = doc.get("label") or doc.get("name") or ""
     kb = doc.get("kernel_build")
     if kb is not None:
         if not isinstance(kb, str):
-            raise InputError("kernel_build", f"expected a FlashMLA build name, got {kb!r}")
+            raise InputError("kernel_build", f"expected a FlashMLA build name, got {echo(kb)}")
         kb = build(kb)["name"]
     return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label), kb)
 

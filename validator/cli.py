@@ -20,6 +20,7 @@ from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
+from .limits import echo
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
 from .output import DEBUG_ENV, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
@@ -86,9 +87,9 @@ def _example_path(name: str) -> str:
     names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
     for ext in (".json", ".yaml", ".jsonl"):
         cand = base.joinpath(name + ext)
-        if cand.is_file():
+        if name in names and cand.is_file():
             return str(cand)
-    raise InputError("--example", f"unknown example {name!r}; built-in examples: {', '.join(names)}")
+    raise InputError("--example", f"unknown example {echo(name)}; built-in examples: {', '.join(names)}")
 
 
 @app.command()

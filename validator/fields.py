@@ -12,6 +12,7 @@ import numpy as np
 
 from . import _accel
 from .errors import InputError
+from .limits import echo
 
 MAX_REQUESTS = 1 << 20       # requests in one forward
 MAX_TOKENS = 1 << 24         # new tokens of one request
@@ -50,12 +51,12 @@ def int_field(d: Mapping, key: str, where: str, lo: int, hi: int, default: Any =
         return default
     v = d[key]
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
-        raise InputError(name, f"expected an integer, got {v!r}")
+        raise InputError(name, f"expected an integer, got {echo(v)}")
     v = int(v)
     if v < lo:
-        raise InputError(name, f"expected >= {lo}, got {v}")
+        raise InputError(name, f"expected >= {lo}, got {echo(v)}")
     if v > hi:
-        raise InputError(name, f"{v} is absurd (expected <= {hi})")
+        raise InputError(name, f"{echo(v)} is absurd (expected <= {hi})")
     return v
 
 
@@ -63,29 +64,29 @@ def bool_field(d: Mapping, key: str, where: str, default: bool) -> bool:
     """``d[key]`` as true or false (``default`` when absent)."""
     v = d.get(key, default)
     if not isinstance(v, bool):
-        raise InputError(field_name(where, key), f"expected true or false, got {v!r}")
+        raise InputError(field_name(where, key), f"expected true or false, got {echo(v)}")
     return v
 
 
 def int_arg(v: Any, name: str, lo: int, hi: int) -> int:
     """A keyword argument that must be an integer in ``lo..hi``."""
     if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise InputError(name, f"expected an integer, got {v!r}")
+        raise InputError(name, f"expected an integer, got {echo(v)}")
     v = int(v)
     if not lo <= v <= hi:
-        raise InputError(name, f"expected {lo}..{hi}, got {v}")
+        raise InputError(name, f"expected {lo}..{hi}, got {echo(v)}")
     return v
 
 
 def non_negative_int(v: Any, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise InputError(name, f"expected a non-negative integer, got {v!r}")
+        raise InputError(name, f"expected a non-negative integer, got {echo(v)}")
     return v
 
 
 def positive_int(v: Any, name: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-        raise InputError(name, f"expected a positive integer, got {v!r}")
+        raise InputError(name, f"expected a positive integer, got {echo(v)}")
     return v
 
 
@@ -140,7 +141,7 @@ def column_slow(v: list, name: str, lo: int, hi: int) -> list:
     """The element-wise check of :func:`column`, naming the first bad element."""
     if not all(map(is_int, v)):
         i = bad_element(v, is_int)
-        raise InputError(f"{name}[{i}]", f"expected an integer, got {v[i]!r}")
+        raise InputError(f"{name}[{i}]", f"expected an integer, got {echo(v[i])}")
     v = [int(x) for x in v]
     if min(v) < lo or max(v) > hi:
         i = bad_element(v, lambda x: lo <= x <= hi)

@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any, Mapping
 
 from .errors import InputError
+from .limits import echo
 from .fields import int_field
 
 
@@ -55,7 +56,7 @@ def gpu_by_name(name: str) -> GPU:
         if want in {_norm(key), *(_norm(a) for a in rec.get("aliases", []))}:
             return GPU(key, rec["num_sms"], tuple(rec["cc"]), rec["smem_optin"], rec.get("source", ""),
                        rec.get("memory_bytes"))
-    raise InputError("gpu", f"unknown GPU {name!r}; known: {', '.join(table)} (or give num_sms, cc and smem_optin)")
+    raise InputError("gpu", f"unknown GPU {echo(name)}; known: {', '.join(table)} (or give num_sms, cc and smem_optin)")
 
 
 def gpu_from_fields(d: Mapping[str, Any], field: str = "gpu") -> GPU:
@@ -69,17 +70,17 @@ def gpu_from_fields(d: Mapping[str, Any], field: str = "gpu") -> GPU:
         try:
             major, minor = (int(x) for x in cc.split("."))
         except ValueError:
-            raise InputError(f"{field}.cc", f"expected \"MAJOR.MINOR\", got {cc!r}") from None
+            raise InputError(f"{field}.cc", f"expected \"MAJOR.MINOR\", got {echo(cc)}") from None
     elif isinstance(cc, (list, tuple)) and len(cc) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in cc):
         major, minor = cc
     else:
-        raise InputError(f"{field}.cc", f"expected [major, minor], got {cc!r}")
+        raise InputError(f"{field}.cc", f"expected [major, minor], got {echo(cc)}")
     name = d.get("device") or d.get("name") or f"custom-sm{major}{minor}"
     if not isinstance(name, str):
-        raise InputError(f"{field}.name", f"expected a string, got {name!r}")
+        raise InputError(f"{field}.name", f"expected a string, got {echo(name)}")
     mem = d.get("memory_bytes")
     if mem is not None and (isinstance(mem, bool) or not isinstance(mem, int) or mem <= 0):
-        raise InputError(f"{field}.memory_bytes", f"expected a positive integer, got {mem!r}")
+        raise InputError(f"{field}.memory_bytes", f"expected a positive integer, got {echo(mem)}")
     return GPU(name, num_sms, (major, minor), smem, "given by the user", mem)
 
 
@@ -100,14 +101,14 @@ def resolve_gpu(spec: Any) -> GPU:
         if set(spec) <= {"name", "device"} and (spec.get("name") or spec.get("device")):
             return gpu_by_name(spec.get("name") or spec.get("device"))
         return gpu_from_fields(spec)
-    raise InputError("gpu", f"expected a GPU name or {{num_sms, cc, smem_optin}}, got {spec!r}")
+    raise InputError("gpu", f"expected a GPU name or {{num_sms, cc, smem_optin}}, got {echo(spec)}")
 
 
 def _parse_int(v: str, field: str) -> int:
     try:
         return int(v.strip())
     except ValueError:
-        raise InputError(field, f"expected an integer, got {v.strip()!r}") from None
+        raise InputError(field, f"expected an integer, got {echo(v.strip())}") from None
 
 
 def build_names() -> list[str]:
@@ -127,7 +128,7 @@ def build(name: str | None = None) -> dict:
         return {"name": key, **builds[key]}
     if key in data["generations"]:
         return {"name": key, "kernels": {"*": key}}
-    raise InputError("kernel", f"unknown FlashMLA build {key!r}; known: {', '.join(build_names())}")
+    raise InputError("kernel", f"unknown FlashMLA build {echo(key)}; known: {', '.join(build_names())}")
 
 
 def generation_name(name: str | None, path: str | None = None, use_legacy: bool | None = None,
@@ -169,7 +170,7 @@ def generation(name: str | None = None, path: str | None = None, use_legacy: boo
     b = build(name)
     key = generation_name(b["name"], path, use_legacy, arch)
     if key not in data["generations"]:
-        raise InputError("kernel", f"build {b['name']} names an unknown generation {key!r}")
+        raise InputError("kernel", f"build {b['name']} names an unknown generation {echo(key)}")
     shared = {k: v for k, v in data.get("shared", {}).items() if not k.startswith("_")}
     gen = {"name": key, "build": b["name"], **shared, **data["generations"][key]}
     if "kv_layouts" in gen:

@@ -9,6 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import InputError
+from .limits import echo
 from .knowledge import load
 
 _TYPES = {"int": int, "bool": bool, "str": str}
@@ -78,4 +79,4 @@ def parse_mode(forward_mode: Any) -> str | None:
         m = _MODE_NAMES.get(low, "?")
         if m != "?":
             return m
-    raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)} or idle, got {forward_mode!r}")
+    raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)} or idle, got {echo(forward_mode)}")

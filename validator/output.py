@@ -87,7 +87,8 @@ class Output:
 
     def fail(self, message: str) -> NoReturn:
         """Bad input: ``error: MESSAGE`` on stderr, exit 2."""
-        print(f"error: {message}", file=sys.stderr)
+        line = " ".join(str(message).split()).encode("utf-8", "backslashreplace").decode("utf-8")
+        print(f"error: {line}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT)
 
     def error(self, e: InputError) -> NoReturn:

@@ -1,13 +1,26 @@
 """Build a batch document from command-line flags, for quick cases without a file."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from .errors import InputError
+from .fields import MAX_REQUESTS
+from .limits import echo, parse_int
+
+_INT_TEXT = re.compile(r"\s*[-+]?[0-9_]+\s*")
+
+
+def _int(text: str, flag: str, what: str) -> int:
+    if not _INT_TEXT.fullmatch(text):
+        raise ValueError(text)
+    return parse_int(text, flag)
 
 
 def _int_list(text: str, flag: str) -> list[int]:
-    out = []
+    """``4096,3x128`` -> [4096, 128, 128, 128]; counts are checked against ``MAX_REQUESTS`` before any
+    list is built."""
+    out: list[int] = []
     for part in text.split(","):
         part = part.strip()
         if not part:
@@ -15,16 +28,21 @@ def _int_list(text: str, flag: str) -> list[int]:
         if "x" in part:  # "3x4096" = three requests of 4096
             n, _, v = part.partition("x")
             try:
-                out.extend([int(v)] * int(n))
+                count, value = _int(n, flag, "count"), _int(v, flag, "value")
             except ValueError:
-                raise InputError(flag, f"expected COUNTxVALUE like 3x4096, got {part!r}") from None
+                raise InputError(flag, f"expected COUNTxVALUE like 3x4096, got {echo(part)}") from None
+            if count > MAX_REQUESTS - len(out):
+                raise InputError(flag, f"more than {MAX_REQUESTS} requests (got a count of {echo(count)})")
+            out.extend([value] * count)
             continue
+        if len(out) >= MAX_REQUESTS:
+            raise InputError(flag, f"more than {MAX_REQUESTS} requests")
         try:
-            out.append(int(part))
+            out.append(_int(part, flag, "value"))
         except ValueError:
-            raise InputError(flag, f"expected comma-separated integers, got {part!r}") from None
+            raise InputError(flag, f"expected comma-separated integers, got {echo(part)}") from None
     if any(v < 0 for v in out):
-        raise InputError(flag, f"expected non-negative integers, got {text!r}")
+        raise InputError(flag, f"expected non-negative integers, got {echo(text)}")
     return out
 
 
@@ -34,10 +52,9 @@ def _value(v: str) -> Any:
         return low == "true"
     if low in ("none", "null"):
         return None
-    try:
-        return int(v)
-    except ValueError:
-        return v.strip()
+    if _INT_TEXT.fullmatch(v):
+        return parse_int(v, "--server-arg")
+    return v.strip()
 
 
 def batch_doc_from_flags(engine: str, mode: str, extend: str | None, prefix: str | None, decodes: int,
@@ -46,9 +63,11 @@ def batch_doc_from_flags(engine: str, mode: str, extend: str | None, prefix: str
     for item in server_args:
         k, eq, v = item.partition("=")
         if not eq or not k.strip():
-            raise InputError("--server-arg", f"expected KEY=VALUE, got {item!r}")
+            raise InputError("--server-arg", f"expected KEY=VALUE, got {echo(item)}")
         sa[k.strip().lstrip("-").replace("-", "_")] = _value(v)
     reqs: list[dict] = []
+    if not 0 <= decodes <= MAX_REQUESTS:
+        raise InputError("--decode", f"expected 0..{MAX_REQUESTS} requests, got {echo(decodes)}")
     ext = _int_list(extend, "--extend") if extend else []
     pre = _int_list(prefix, "--prefix") if prefix else []
     if pre and len(pre) not in (1, len(ext)):

@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputError
+from ..limits import echo
 from ..fields import bool_field, field_name, int_field, min_max
 
 INT32_MAX = 2**31 - 1
@@ -51,7 +52,7 @@ def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = I
             raise InputError(where, f"expected a list of length b={n}, got length {len(v)}")
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
-                raise InputError(f"{where}[{i}]", f"expected an integer, got {x!r}")
+                raise InputError(f"{where}[{i}]", f"expected an integer, got {echo(x)}")
         try:
             arr = np.array(v, dtype=np.int64)
         except OverflowError:
@@ -275,10 +276,10 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
         raise InputError(prefix or "call", f"expected a JSON object, got {type(rec).__name__}")
     kind = rec.get("kind", "sparse" if "topk" in rec else ("dense" if "seqlens" in rec else None))
     if kind not in KINDS:
-        raise InputError(field_name(prefix, "kind"), f"expected one of {', '.join(KINDS)}, got {kind!r}")
+        raise InputError(field_name(prefix, "kind"), f"expected one of {', '.join(KINDS)}, got {echo(kind)}")
     use_legacy = rec.get("use_legacy")
     if use_legacy is not None and not isinstance(use_legacy, bool):
-        raise InputError(field_name(prefix, "use_legacy"), f"expected true or false, got {use_legacy!r}")
+        raise InputError(field_name(prefix, "use_legacy"), f"expected true or false, got {echo(use_legacy)}")
     if kind == "prefill":
         _check_keys(rec, PREFILL_KEYS, prefix)
         return SparsePrefillCall(
@@ -343,7 +344,7 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
 def _entry(rec: Mapping[str, Any], prefix: str, kind: str) -> str:
     entry = rec.get("entry", ENTRIES[0])
     if entry not in ENTRIES:
-        raise InputError(field_name(prefix, "entry"), f"expected one of {', '.join(ENTRIES)}, got {entry!r}")
+        raise InputError(field_name(prefix, "entry"), f"expected one of {', '.join(ENTRIES)}, got {echo(entry)}")
     if kind == "dense_fp8" and entry != "get_mla_decoding_metadata" and "entry" in rec:
         raise InputError(field_name(prefix, "entry"), "dense_fp8 calls are scheduled by get_mla_decoding_metadata")
     return "get_mla_decoding_metadata" if kind == "dense_fp8" else entry

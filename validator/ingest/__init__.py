@@ -13,7 +13,7 @@ from typing import Any, Iterable
 from ..errors import InputError
 from .crash_dump import CrashDump, read_crash_dump
 from .launch import EngineConfig, parse_launch, parse_server_arg_overrides
-from .scan import LogEvidence, scan_file, scan_lines
+from .scan import LogEvidence, scan_file, scan_lines, scan_stream
 
 __all__ = ["read_inputs", "build_config", "scan_file", "scan_lines", "read_crash_dump", "EngineConfig",
            "LogEvidence", "CrashDump"]
@@ -37,13 +37,8 @@ def read_inputs(log: str | None, dump: str | None, trust_pickle: bool = False, w
     evidence = None
     if log is not None:
         if log == "-":
-            data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-            if data[:1] == b"\x80":
-                raise InputError("LOG", "<stdin>: looks like a pickle, not a log; pass it with --dump")
-            text = io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", errors="replace")
-            evidence = scan_lines(text, "<stdin>", window)
-            if evidence.total_lines == 0:
-                raise InputError("LOG", "<stdin>: empty input")
+            src = sys.stdin.buffer if hasattr(sys.stdin, "buffer") else io.BytesIO(sys.stdin.read().encode())
+            evidence = scan_stream(src, "<stdin>", window)
         elif progress_console is not None:
             evidence = _progress_scan(log, window, progress_console)
         else:

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import io
 import pickle
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import limits
 from ..errors import InputError
+from ..limits import echo
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 MAX_PLAIN_DEPTH = 200
@@ -128,7 +131,7 @@ class StandIn:
         return out
 
     def __repr__(self) -> str:
-        return f"<stand-in {self.qualified()} args={self.args!r} state={'set' if self.state is not None else 'none'}>"
+        return f"<stand-in {self.qualified()} args={echo(self.args)} state={'set' if self.state is not None else 'none'}>"
 
 
 def _check_plain(x: Any, what: str, depth: int = 0, seen: set | None = None) -> Any:
@@ -140,10 +143,13 @@ def _check_plain(x: Any, what: str, depth: int = 0, seen: set | None = None) -> 
     if isinstance(x, StandIn) or (isinstance(x, type) and issubclass(x, StandIn) and x is not StandIn):
         return x
     if isinstance(x, (list, tuple, dict, set, frozenset)):
-        seen = seen if seen is not None else set()
+        seen = seen if seen is not None else (_CHECKED[-1] if _CHECKED else set())
         if id(x) in seen:
             return x
-        seen.add(id(x))
+        if isinstance(seen, _Seen):
+            seen[id(x)] = x
+        else:
+            seen.add(id(x))
         items = list(x.items()) if isinstance(x, dict) else [(None, v) for v in x]
         for k, v in items:
             if k is not None:
@@ -241,7 +247,7 @@ class RestrictedUnpickler(pickle.Unpickler):
                                     "that can run code or touch the system; nothing was executed")
         if not name or not all(part.isidentifier() for part in name.split(".")) or not all(
                 part.isidentifier() for part in module.split(".")):
-            raise UnsafePickleError(f"refused a malformed global name {qual!r}{self._where()}")
+            raise UnsafePickleError(f"refused a malformed global name {echo(qual)}{self._where()}")
         key = (module, name)
         cls = self._classes.get(key)
         if cls is None:
@@ -258,13 +264,42 @@ def restricted_loads(data: bytes) -> Any:
     """Unpickle ``data`` without importing or calling anything it names."""
     bio = io.BytesIO(data)
     try:
-        return RestrictedUnpickler(bio).load()
+        with _checked_once():
+            obj = RestrictedUnpickler(bio).load()
     except UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError,
             KeyError, OverflowError, MemoryError, RecursionError, UnicodeDecodeError) as e:
         raise InputError("crash dump", f"not a readable pickle (near byte {bio.tell()}): "
-                         f"{type(e).__name__}: {e}") from None
+                         f"{type(e).__name__}: {echo(str(e))}") from None
+    limits.check_tree(obj, "crash dump", max_nodes=limits.MAX_DUMP_NODES, children=_standin_parts)
+    return obj
+
+
+def _standin_parts(x: Any) -> tuple | None:
+    if isinstance(x, StandIn):
+        d = x.__dict__
+        return (d.get("_args"), d.get("_kwargs"), d.get("_state"), d.get("_items"), d.get("_setitems"))
+    if isinstance(x, (set, frozenset)):
+        return tuple(x)
+    return None
+
+
+class _Seen(dict):
+    """Containers already checked during one load, by id (the values keep them alive so that their
+    ids stay theirs)."""
+
+
+_CHECKED: list[_Seen] = []   # containers already checked by _check_plain during the current load
+
+
+@contextmanager
+def _checked_once():
+    _CHECKED.append(_Seen())
+    try:
+        yield
+    finally:
+        _CHECKED.pop()
 
 
 def load_pickle(path: str, trust: bool = False) -> Any:
@@ -280,7 +315,7 @@ def load_pickle(path: str, trust: bool = False) -> Any:
     try:
         return pickle.loads(data)  # noqa: S301 - explicit opt-in (--trust-pickle) for the user's own files
     except ModuleNotFoundError as e:
-        raise InputError("--trust-pickle", f"the dump needs module {e.name!r} installed to load it trusted; "
+        raise InputError("--trust-pickle", f"the dump needs module {echo(e.name)} installed to load it trusted; "
                          "drop --trust-pickle to read it with the restricted loader") from None
     except Exception as e:
         raise InputError("crash dump", f"not a readable pickle: {type(e).__name__}: {e}") from None
@@ -392,12 +427,14 @@ def read_crash_dump(path: str, trust: bool = False) -> CrashDump:
         bio = io.BytesIO(p.read_bytes())
         up = RestrictedUnpickler(bio)
         try:
-            top = up.load()
+            with _checked_once():
+                top = up.load()
         except UnsafePickleError:
             raise
         except Exception as e:
             raise InputError("crash dump", f"{path}: not a readable pickle (near byte {bio.tell()}): "
-                             f"{type(e).__name__}: {e}") from None
+                             f"{type(e).__name__}: {echo(str(e))}") from None
+        limits.check_tree(top, "crash dump", max_nodes=limits.MAX_DUMP_NODES, children=_standin_parts)
         seen = up.globals_seen
     if not isinstance(top, dict):
         raise InputError("crash dump", f"{path}: expected a dict with server_args / requests / launch_command, "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..knowledge import load
+from ..limits import parse_int
 
 # kind -> (specificity, rule codes whose documented failure produces this error, quantity that varies)
 SIGNATURES: dict[str, tuple[int, tuple[str, ...], str | None]] = {
@@ -126,7 +127,7 @@ def classify_error(msg: str) -> tuple[str, dict] | None:
     m = _CUDA_FILE.search(msg)
     if m:
         f = m.group("file")
-        nums = {"file": f, "source_line": int(m.group("line")), "message": m.group("msg").strip()}
+        nums = {"file": f, "source_line": parse_int(m.group("line"), "error line"), "message": m.group("msg").strip()}
         kind = site_kind(f)
         if kind is not None:
             return kind, nums
@@ -135,7 +136,8 @@ def classify_error(msg: str) -> tuple[str, dict] | None:
         return "cuda_error", nums
     m = _INDEX.search(msg)
     if m:
-        return "index_oob", {"index": int(m.group("index")), "dim": int(m.group("dim")), "size": int(m.group("size"))}
+        return "index_oob", {"index": parse_int(m.group("index"), "error line"), "dim": parse_int(m.group("dim"), "error line"),
+                           "size": parse_int(m.group("size"), "error line")}
     m = _DEVICE_ASSERT.search(msg)
     if m:
         cond = m.group("cond") if m.lastgroup == "cond" else None

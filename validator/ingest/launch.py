@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
+from ..limits import echo
 from ..names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, normalize_setting
 from .reprparse import Call, parse_call_at, scalar
 
@@ -71,7 +72,7 @@ def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
         text = text[hit[1]:]
     elif not text.strip().startswith("--"):
         raise InputError(where, "expected 'python -m sglang.launch_server ...', 'sglang serve ...', 'vllm serve ...' "
-                                f"or bare --flags, got {text.strip()[:60]!r}")
+                                f"or bare --flags, got {echo(text.strip()[:60])}")
     try:
         toks = shlex.split(text, comments=False, posix=True)
     except ValueError:
@@ -132,8 +133,11 @@ def parse_server_arg_overrides(items: Iterable[str]) -> dict[str, Any]:
     for it in items:
         key, eq, val = it.partition("=")
         if not eq or not key.strip():
-            raise InputError("--server-arg", f"expected KEY=VALUE (e.g. chunked_prefill_size=8192), got {it!r}")
-        out[normalize_setting(key)] = coerce(val)
+            raise InputError("--server-arg", f"expected KEY=VALUE (e.g. chunked_prefill_size=8192), got {echo(it)}")
+        try:
+            out[normalize_setting(key)] = coerce(val)
+        except InputError as e:
+            raise InputError("--server-arg", f"{echo(key.strip())}: {e.message}") from None
     return out
 
 

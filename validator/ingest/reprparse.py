@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..limits import parse_int
+
 MAX_DEPTH = 64
 _NUM = re.compile(r"[+-]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][+-]?\d+)?$")
 _INT = re.compile(r"[+-]?\d+$")
@@ -54,7 +56,7 @@ def scalar(text: str) -> Any:
     if t in _CONSTS:
         return _CONSTS[t]
     if _INT.match(t):
-        return int(t)
+        return parse_int(t, "value")
     if _NUM.match(t):
         return float(t)
     if t in ("inf", "-inf", "nan"):

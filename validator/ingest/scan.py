@@ -9,13 +9,16 @@ not parse (examples kept), error, configuration, vLLM dump, or other.
 from __future__ import annotations
 
 import gzip
+import io
 import re
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
+from .. import limits
 from ..errors import InputError
+from ..limits import parse_int
 from .crash_lines import ErrorEvent, classify_error
 from .launch import DP_CHUNK_WARNING, EngineConfig, find_launch, parse_launch, server_args_from_line
 from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
@@ -165,6 +168,12 @@ class LogScanner:
 
     # ------------------------------------------------------------------ feeding
     def feed(self, line: str, no: int) -> None:
+        try:
+            self._feed(line, no)
+        except InputError as e:
+            raise InputError("LOG", f"{self.ev.name}:{no}: {e}") from None
+
+    def _feed(self, line: str, no: int) -> None:
         ev = self.ev
         ev.total_lines = no
         if "\x1b" in line:
@@ -208,7 +217,7 @@ class LogScanner:
                 return
         m = DP_CHUNK_WARNING.search(line) if "adjusted" in line else None
         if m:
-            ev.config.update({"chunked_prefill_size": int(m.group(2))}, f"{ev.name}:{no} (DP-attention adjustment)",
+            ev.config.update({"chunked_prefill_size": parse_int(m.group(2), "chunked prefill size")}, f"{ev.name}:{no} (DP-attention adjustment)",
                              per_rank_chunk=True)
             ev.counts["config"] += 1
             return
@@ -222,7 +231,7 @@ class LogScanner:
             ev.counts["config"] += 1
             return
         if "max_num_batched_tokens" in line or "max_num_seqs" in line:
-            vals = {k: int(v) for k, v in _VLLM_CONFIG.findall(line)}
+            vals = {k: parse_int(v, k) for k, v in _VLLM_CONFIG.findall(line)}
             if vals:
                 ev.config.update(vals, f"{ev.name}:{no} (vLLM config)")
                 ev.counts["config"] += 1
@@ -370,23 +379,88 @@ class LogScanner:
 
 
 # ---------------------------------------------------------------------------------- reading
-def _open(path: str) -> tuple[IO[bytes], IO[bytes], int]:
+class _Counted(io.RawIOBase):
+    """A binary stream that counts what it gives and refuses more than ``limit()`` bytes."""
+
+    def __init__(self, fh: Any, name: str, limit: Callable[[], int], what: str, head: bytes = b""):
+        self.fh, self.name, self.limit, self.what = fh, name, limit, what
+        self.head = head
+        self.n = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self.head:
+            k = min(len(b), len(self.head))
+            b[:k] = self.head[:k]
+            self.head = self.head[k:]
+        else:
+            data = self.fh.read(len(b))
+            k = len(data)
+            b[:k] = data
+        self.n += k
+        if self.n > self.limit():
+            raise InputError("LOG", f"{self.name}: more than {self.limit()} bytes {self.what}")
+        return k
+
+
+def _wait_for_writer(fd: int, path: str) -> None:
+    """A named pipe opened without blocking: wait up to ``FIFO_WAIT_S`` for data, then read blocking."""
+    import os
+    import select
+
+    ready, _, _ = select.select([fd], [], [], limits.FIFO_WAIT_S)
+    if not ready:
+        os.close(fd)
+        raise InputError("LOG", f"{path}: a named pipe with no writer (nothing within {limits.FIFO_WAIT_S:g} s)")
+    os.set_blocking(fd, True)
+
+
+def _open_stream(path: str) -> tuple[Any, int]:
+    """A binary stream of ``path``: a regular file, a pipe or a named pipe (never sought), with its size
+    (0 when unknown)."""
+    import os
+    import stat
+
     p = Path(path)
     if not p.exists():
         raise InputError("LOG", f"{path}: no such file")
     if p.is_dir():
         raise InputError("LOG", f"{path}: is a directory")
-    raw = p.open("rb")
-    size = p.stat().st_size
-    head = raw.read(2)
-    raw.seek(0)
+    st = p.stat()
+    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
+        raise InputError("LOG", f"{path}: a device, not a log file")
+    if stat.S_ISFIFO(st.st_mode) and not path.startswith("/dev/fd/") and not path.startswith("/proc/"):
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        _wait_for_writer(fd, path)
+        return os.fdopen(fd, "rb", buffering=0), 0
+    return p.open("rb", buffering=0), st.st_size if stat.S_ISREG(st.st_mode) else 0
+
+
+def open_log(fh: Any, name: str) -> Any:
+    """A buffered stream of a log's text bytes from a binary stream: gzip is decompressed (at most
+    ``GZIP_FLOOR_BYTES``, or ``GZIP_MAX_RATIO`` per compressed byte when that is more), a pickle is refused, at most
+    ``MAX_LOG_BYTES`` bytes are read. Reads forward only: pipes and stdin work."""
+    head = b""
+    while len(head) < 2:
+        more = fh.read(2 - len(head))
+        if not more:
+            break
+        head += more
+    if head[:1] == b"\x80":
+        raise InputError("LOG", f"{name}: looks like a pickle, not a log; pass it with --dump")
+    raw = _Counted(fh, name, lambda: limits.MAX_LOG_BYTES, "(the log byte budget)", head)
     if head == b"\x1f\x8b":
-        return gzip.open(raw, "rb"), raw, size  # type: ignore[return-value]
-    return raw, raw, size
+        unzipped = gzip.GzipFile(fileobj=io.BufferedReader(raw), mode="rb")
+        return io.BufferedReader(_Counted(unzipped, name, lambda: max(limits.GZIP_FLOOR_BYTES, limits.GZIP_MAX_RATIO * raw.n),
+                                          "decompressed from its gzip data (refused as a decompression bomb)"))
+    return io.BufferedReader(raw)
 
 
 def iter_lines(fh: IO[bytes], counter: Callable[[], None] | None = None) -> Iterator[tuple[str, bool]]:
-    """Decoded lines, each cut to ``MAX_LINE`` characters; yields (text, was_cut)."""
+    """Decoded lines, each cut to ``MAX_LINE`` characters; yields (text, was_cut). Lines end at
+    ``\\n`` only, so line numbers are the file's. A line over ``MAX_LOG_LINE_BYTES`` is refused."""
     while True:
         chunk = fh.readline(MAX_LINE)
         if not chunk:
@@ -394,11 +468,35 @@ def iter_lines(fh: IO[bytes], counter: Callable[[], None] | None = None) -> Iter
         cut = False
         if len(chunk) >= MAX_LINE and not chunk.endswith(b"\n"):
             cut = True
+            seen = len(chunk)
             while True:  # drain the rest of the over-long line without keeping it
                 more = fh.readline(MAX_LINE)
+                seen += len(more)
                 if not more or more.endswith(b"\n"):
                     break
+                if seen > limits.MAX_LOG_LINE_BYTES:
+                    raise InputError("LOG", f"a line longer than {limits.MAX_LOG_LINE_BYTES} bytes: not a text log")
         yield chunk.decode("utf-8", errors="replace"), cut
+
+
+def scan_stream(fh: Any, name: str, window: int = DEFAULT_WINDOW, progress: Any = None, size: int = 0,
+                tell: Callable[[], int] | None = None) -> LogEvidence:
+    """Stream a binary log (plain or gzip) through a :class:`LogScanner`."""
+    text = open_log(fh, name)
+    sc = LogScanner(name, window)
+    no = 0
+    for no, (line, cut) in enumerate(iter_lines(text), 1):
+        if cut:
+            sc.ev.truncated_lines += 1
+            if sc.ev.truncated_lines <= 3:
+                sc.ev.notes.append(f"line {no}: longer than {MAX_LINE} characters; only the start was read")
+        sc.feed(line, no)
+        if progress is not None and no % 8192 == 0 and tell is not None:
+            progress(tell(), size)
+    ev = sc.finish()
+    if no == 0:
+        raise InputError("LOG", f"{name}: empty " + ("file" if name != "<stdin>" else "input"))
+    return ev
 
 
 def scan_lines(lines: Iterable[str], name: str = "<log>", window: int = DEFAULT_WINDOW) -> LogEvidence:
@@ -410,31 +508,14 @@ def scan_lines(lines: Iterable[str], name: str = "<log>", window: int = DEFAULT_
 
 
 def scan_file(path: str, window: int = DEFAULT_WINDOW, progress: Any = None) -> LogEvidence:
-    """Stream ``path`` (plain or gzip) through a :class:`LogScanner`. ``progress(bytes_done, total)``
-    is called every few thousand lines."""
-    fh, raw, size = _open(path)
-    sc = LogScanner(path, window)
-    no = 0
+    """Stream ``path`` (plain or gzip; a file, a pipe or a named pipe) through a :class:`LogScanner`.
+    ``progress(bytes_done, total)`` is called every few thousand lines."""
+    raw, size = _open_stream(path)
     try:
         with raw:
-            head = raw.read(1) if fh is raw else b""
-            if fh is raw:
-                raw.seek(0)
-            if head == b"\x80":
-                raise InputError("LOG", f"{path}: looks like a pickle, not a log; pass it with --dump")
-            for no, (line, cut) in enumerate(iter_lines(fh), 1):
-                if cut:
-                    sc.ev.truncated_lines += 1
-                    if sc.ev.truncated_lines <= 3:
-                        sc.ev.notes.append(f"line {no}: longer than {MAX_LINE} characters; only the start was read")
-                sc.feed(line, no)
-                if progress is not None and no % 8192 == 0:
-                    progress(raw.tell(), size)
+            ev = scan_stream(raw, path, window, progress, size, raw.tell if size else None)
     except OSError as e:
         raise InputError("LOG", f"{path}: {e}") from None
     if progress is not None:
         progress(size, size)
-    ev = sc.finish()
-    if no == 0:
-        raise InputError("LOG", f"{path}: empty file")
     return ev

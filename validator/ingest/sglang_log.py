@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InputError
+from ..limits import echo, parse_int
 
 # "[2026-04-27 16:44:38 DP3 TP6] " with optional .mmm and any reporter placeholder for the time.
 _PREFIX = re.compile(
@@ -71,7 +72,7 @@ def parse_prefix(line: str) -> Prefix | None:
         return None
     ts = m.group("ts")
     rk = m.group("ranks")
-    ranks = {k: int(v) for k, v in _RANK.findall(rk)} if rk else {}
+    ranks = {k: parse_int(v, "rank") for k, v in _RANK.findall(rk)} if rk else {}
     dated = ts[:4].isdigit() and ts[4:5] == "-"
     if not dated and not ranks:
         return None   # "[dump_input.py:79]" and other bracketed words are not SGLang prefixes
@@ -93,13 +94,13 @@ def norm_field(key: str) -> str:
 def _value(text: str) -> Any:
     t = text.strip()
     if t.isdigit():
-        return int(t)
+        return parse_int(t, "scheduler line")
     if t in ("True", "False"):
         return t == "True"
     if t.endswith("%") and _NUMBER.match(t[:-1]):
         return float(t[:-1])
     if _NUMBER.match(t):
-        return int(t) if _INT_RE.fullmatch(t) else float(t)
+        return parse_int(t, "scheduler line") if _INT_RE.fullmatch(t) else float(t)
     m = _SUBFIELD.fullmatch(t)
     if m:
         return {m.group(1): _value(m.group(2))}
@@ -277,7 +278,7 @@ def parse_batch_line(line: str, line_no: int = 0, prefix: Prefix | None = None) 
     body = line[m.end():]
     fields, order, trailing, extra = parse_fields(body)
     kind = m.group("kind")
-    mixed = int(m.group("mixed")) if m.group("mixed") else None
+    mixed = parse_int(m.group("mixed"), "scheduler line") if m.group("mixed") else None
     missing = [k for k in REQUIRED[kind] if not isinstance(fields.get(k), int) or isinstance(fields.get(k), bool)]
     if kind == "Prefill" and mixed is not None:
         missing = [k for k in missing if k != "running_req"]
@@ -285,7 +286,7 @@ def parse_batch_line(line: str, line_no: int = 0, prefix: Prefix | None = None) 
         raise LineParseError(f"missing or non-integer field(s): {', '.join('#' + k.replace('_', '-') for k in missing)}")
     era = era_of(kind, m.group("sep"), fields, order, trailing)
     return Step(kind.lower(), line_no, prefix.label() if prefix else "DP0", fields, era,
-                prefix.timestamp if prefix else None, int(m.group("iter")) if m.group("iter") else None,
+                prefix.timestamp if prefix else None, parse_int(m.group("iter"), "scheduler line") if m.group("iter") else None,
                 mixed, line.strip()[:MAX_RAW], extra)
 
 
@@ -294,8 +295,8 @@ def parse_version(text: str, where: str = "--sglang-version") -> tuple[int, ...]
     """``0.5.12``, ``v0.5.10.post1``, ``0.5.10rc0`` -> (0, 5, 10)."""
     m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", str(text).strip())
     if not m:
-        raise InputError(where, f"expected a version like 0.5.12, got {text!r}")
-    return tuple(int(x) for x in m.groups() if x is not None) + ((0,) if m.group(3) is None else ())
+        raise InputError(where, f"expected a version like 0.5.12, got {echo(text)}")
+    return tuple(parse_int(x, where) for x in m.groups() if x is not None) + ((0,) if m.group(3) is None else ())
 
 
 def after_forward_for_version(v: tuple[int, ...]) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
+from ..limits import echo
 from .reprparse import Call, ReprParseError, parse_call_at
 
 MARKER = "Dumping scheduler output"
@@ -70,7 +71,7 @@ class VllmStep:
 
 def _int(v: Any, where: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
-        raise InputError(where, f"expected an integer, got {v!r}")
+        raise InputError(where, f"expected an integer, got {echo(v)}")
     if v < 0:
         raise InputError(where, f"expected >= 0, got {v}")
     return v
@@ -91,7 +92,7 @@ def parse_scheduler_output(text: str, line_no: int = 0) -> VllmStep:
     nst = so.get("num_scheduled_tokens")
     if not isinstance(nst, dict):
         raise InputError(f"{where}: num_scheduled_tokens", "missing (the per-request query rows of the step)"
-                         if nst is None else f"expected {{req: n}}, got {nst!r}")
+                         if nst is None else f"expected {{req: n}}, got {echo(nst)}")
     sched = {str(k): _int(v, f"{where}: num_scheduled_tokens[{k}]") for k, v in nst.items()}
     spec_raw = so.get("scheduled_spec_decode_tokens") or {}
     spec = {str(k): (len(v) if isinstance(v, (list, tuple)) else 0) for k, v in spec_raw.items()} if isinstance(spec_raw, dict) else {}

@@ -1,0 +1,185 @@
+"""The limits every input is held to, in one place, and the checks that enforce them before work.
+
+Input (documents, flags, logs, crash dumps) is untrusted: whatever it holds, reading it ends in a
+result or in :class:`~validator.errors.InputError` (exit 2, one line), within bounded time and
+memory. The checks here never recurse on the input and never render a whole value: an echoed value
+is cut to :data:`MAX_ECHO_CHARS`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import InputError
+
+MAX_DOCUMENT_BYTES = 256 * 1024 * 1024   # one batch / call-record document (file or stdin)
+MAX_DEPTH = 64                           # nesting of lists and mappings in a document or crash dump
+MAX_NODES = 1 << 24                      # values of a document once YAML aliases / shared references are expanded
+MAX_DUMP_NODES = 1 << 20                 # values of a crash dump once shared references are expanded
+MAX_STRING_CHARS = 1 << 20               # one string (scalar) of a document
+MAX_INT_DIGITS = 20                      # digits of one integer in a log line or a flag (2**64 has 20)
+MAX_DOCUMENT_INT_DIGITS = 1000           # digits of one integer in a document (its field's range check names it)
+MAX_ECHO_CHARS = 80                      # characters of a value quoted in an error line
+MAX_LOG_LINE_BYTES = 64 * 1024 * 1024    # one log line (only its first 1 MiB is kept): longer is not a log
+MAX_LOG_BYTES = 1 << 40                  # bytes of one log (after decompression)
+GZIP_FLOOR_BYTES = 1 << 20               # decompressed bytes always allowed for a .gz log; beyond them ...
+GZIP_MAX_RATIO = 64                      # ... at most this many per compressed byte read
+FIFO_WAIT_S = 1.0                        # how long a named pipe may stay without a writer
+MAX_REPR_SCAN = 64 * 1024 * 1024         # characters the repr reader may visit for one value
+
+
+def echo(value: Any, limit: int = MAX_ECHO_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters, built without recursion and without rendering more
+    than the limit (a deep, self-containing or huge value costs O(limit))."""
+    out: list[str] = []
+    size = 0
+    stack: list[Any] = [value]
+    seen: set[int] = set()
+    while stack and size <= limit:
+        x = stack.pop()
+        if isinstance(x, _Text):
+            piece = x.text
+        elif isinstance(x, bool) or x is None or isinstance(x, float):
+            piece = repr(x)
+        elif isinstance(x, int):
+            piece = repr(x) if x.bit_length() < 200 else f"<integer of about {int(x.bit_length() * 0.30103)} digits>"
+        elif isinstance(x, (str, bytes, bytearray)):
+            piece = repr(x[:limit + 1])
+        elif isinstance(x, (list, tuple, dict, set, frozenset)):
+            if id(x) in seen:
+                piece = "[...]"
+            else:
+                seen.add(id(x))
+                op, cl = ("{", "}") if isinstance(x, (dict, set, frozenset)) else ("(", ")") if isinstance(x, tuple) else ("[", "]")
+                parts: list[Any] = [_Text(cl)]
+                items = list(x.items()) if isinstance(x, dict) else list(x) if len(x) <= limit else list(x)[:limit]
+                for j in range(len(items) - 1, -1, -1):
+                    it = items[j]
+                    if isinstance(x, dict):
+                        parts += [it[1], _Text(": "), it[0]]
+                    else:
+                        parts.append(it)
+                    if j:
+                        parts.append(_Text(", "))
+                stack.extend(parts)
+                piece = op
+        else:
+            try:
+                piece = repr(x)[:limit + 1]
+            except Exception:
+                piece = f"<{type(x).__name__}>"
+        out.append(piece)
+        size += len(piece)
+    text = "".join(out)
+    if size > limit or stack:
+        text = text[:max(limit - 3, 1)] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+class _Text:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def parse_int(text: str, field: str, digits: int = MAX_INT_DIGITS) -> int:
+    """A decimal integer written as text, refused (InputError naming ``field``) when it has more than
+    ``digits`` digits, before ``int()`` ever sees it."""
+    t = text.strip().replace("_", "")
+    body = t[1:] if t[:1] in "+-" else t
+    if len(body) > digits:
+        raise InputError(field, f"an integer of {len(body)} digits is too long (at most {digits}): {echo(text)}")
+    try:
+        return int(t)
+    except ValueError:
+        raise InputError(field, f"expected an integer, got {echo(text)}") from None
+
+
+def check_int(v: int, field: str, digits: int = MAX_INT_DIGITS) -> int:
+    """An already-built integer with at most ``digits`` digits (magnitude below ``10**digits``)."""
+    if v.bit_length() > 3.33 * digits and abs(v) >= 10 ** digits:
+        raise InputError(field, f"{echo(v)} is too large (at most {digits} digits)")
+    return v
+
+
+def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
+               max_string: int = MAX_STRING_CHARS, children: Any = None) -> None:
+    """Walk ``value`` without recursion: nesting at most ``max_depth``, at most ``max_nodes`` values
+    (a shared list counts once per reference, a list containing itself is refused), no string longer
+    than ``max_string`` and no integer over :data:`MAX_DOCUMENT_INT_DIGITS` digits. ``children(x)``
+    gives the parts of other objects (a tuple), or None for a leaf."""
+    nodes = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    open_ids: dict[int, int] = {}       # containers on the current path -> their depth
+    path: list[int] = []                # ids of the containers on the current path
+    while stack:
+        x, depth = stack.pop()
+        while path and open_ids[path[-1]] >= depth:
+            del open_ids[path.pop()]
+        nodes += 1
+        if nodes > max_nodes:
+            raise InputError(field, f"more than {max_nodes} values (counting repeated references)")
+        t = type(x)
+        if t is int:
+            if x.bit_length() > 64:
+                check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
+            continue
+        if t is str:
+            if len(x) > max_string:
+                raise InputError(field, f"a string of {len(x)} characters (at most {max_string}): {echo(x)}")
+            if not x.isascii():
+                try:
+                    x.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InputError(field, f"a string that is not valid Unicode (a lone surrogate): {echo(x)}") from None
+            continue
+        if t is list or t is tuple or t is dict:
+            if depth >= max_depth:
+                raise InputError(field, f"nested deeper than {max_depth} levels")
+            if id(x) in open_ids:
+                raise InputError(field, "a value that contains itself")
+            open_ids[id(x)] = depth
+            path.append(id(x))
+            if t is dict:
+                for k, v in x.items():
+                    stack.append((k, depth + 1))
+                    stack.append((v, depth + 1))
+            else:
+                # lists of plain numbers (the common request columns) are counted without a push each
+                if all(type(v) is int and -(1 << 63) <= v < (1 << 64) or type(v) is float for v in x):
+                    nodes += len(x)
+                    if nodes > max_nodes:
+                        raise InputError(field, f"more than {max_nodes} values (counting repeated references)")
+                    continue
+                stack.extend((v, depth + 1) for v in x)
+            continue
+        if isinstance(x, int) and not isinstance(x, bool):
+            check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
+            continue
+        parts = children(x) if children is not None else None
+        if parts is not None:
+            if depth >= max_depth:
+                raise InputError(field, f"nested deeper than {max_depth} levels")
+            if id(x) in open_ids:
+                raise InputError(field, "a value that contains itself")
+            open_ids[id(x)] = depth
+            path.append(id(x))
+            stack.extend((v, depth + 1) for v in parts)
+
+
+def read_bounded(fh: Any, limit: int, name: str, field: str = "FILE") -> bytes:
+    """At most ``limit`` bytes from a binary file object, read in chunks; InputError once it holds
+    more (a device or pipe that never ends stops at the budget)."""
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = fh.read(min(1 << 20, limit + 1 - total))
+        if not chunk:
+            break
+        if isinstance(chunk, str):
+            chunk = chunk.encode("utf-8", "surrogateescape")
+        chunks.append(chunk)
+        total += len(chunk)
+        if total > limit:
+            raise InputError(field, f"{name}: larger than {limit} bytes")
+    return b"".join(chunks)
