@@ -256,3 +256,13 @@ _log_lines = st.lists(st.lists(st.one_of(_log_words, st.integers(-5, 10 ** 30).m
 @given(lines=_log_lines)
 def test_fuzz_log_lines(lines):
     _ok(CliRunner().invoke(app, ["bisect", "-"], input="\n".join(lines) + "\n"))
+
+
+def test_an_unbalanced_vllm_dump_is_scanned_once():
+    # a dump whose brackets never close: every line used to re-scan the whole buffer (quadratic)
+    from validator.ingest.scan import scan_lines
+
+    lines = ["Dumping scheduler output:", "SchedulerOutput(scheduled_new_reqs=["] + ["((( " + "x" * 40] * 10000
+    t0 = time.monotonic()
+    scan_lines(lines, "dump.log")
+    assert time.monotonic() - t0 < 2.0

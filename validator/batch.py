@@ -22,10 +22,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .errors import InputError
-from .limits import echo
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
+from .limits import echo
 from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, normalize_setting
 
 

@@ -20,8 +20,8 @@ from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .inputs import load_documents
-from .limits import echo
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
+from .limits import echo
 from .output import DEBUG_ENV, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
 from .pipeline import check_batch_document
 from .quick import batch_doc_from_flags

@@ -8,8 +8,8 @@ from importlib import resources
 from typing import Any, Mapping
 
 from .errors import InputError
-from .limits import echo
 from .fields import int_field
+from .limits import echo
 
 
 @lru_cache(maxsize=None)

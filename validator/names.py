@@ -9,8 +9,8 @@ from types import MappingProxyType
 from typing import Any
 
 from .errors import InputError
-from .limits import echo
 from .knowledge import load
+from .limits import echo
 
 _TYPES = {"int": int, "bool": bool, "str": str}
 _DATA = load("settings")

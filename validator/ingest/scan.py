@@ -315,7 +315,9 @@ class LogScanner:
         self._vllm_line = no
         self._vllm_buf = [line[i:]] if i >= 0 else []
         self._vllm_waiting = 3 if i < 0 else 0
-        if i >= 0 and self._balanced(self._vllm_buf):
+        self._vllm_state = [0, None]          # bracket depth and open quote, carried from line to line
+        self._vllm_chars = 0
+        if i >= 0 and self._feed_dump(line[i:]):
             self._finish_vllm()
 
     def _continue_vllm(self, line: str, no: int) -> bool:
@@ -331,30 +333,34 @@ class LogScanner:
                 return False
             self._vllm_line = no
             buf.append(line[i:])
+            line = line[i:]
         else:
             buf.append(line)
-        if self._balanced(buf) or sum(len(x) for x in buf) > MAX_VLLM_DUMP_CHARS:
+        if self._feed_dump(line) or self._vllm_chars > MAX_VLLM_DUMP_CHARS:
             self._finish_vllm()
         return True
 
-    @staticmethod
-    def _balanced(buf: list[str]) -> bool:
-        depth = 0
-        quote = None
-        for chunk in buf:
-            for c in chunk:
-                if quote:
-                    if c == quote:
-                        quote = None
-                    continue
-                if c in "'\"":
-                    quote = c
-                elif c in "([{":
-                    depth += 1
-                elif c in ")]}":
-                    depth -= 1
-                    if depth == 0:
-                        return True
+    def _feed_dump(self, chunk: str) -> bool:
+        """Scan one more line of a dump (each character once over the whole dump): True when the
+        brackets opened by ``SchedulerOutput(`` close."""
+        self._vllm_chars += len(chunk) + 1
+        state = self._vllm_state
+        depth, quote = state
+        for c in chunk:
+            if quote:
+                if c == quote:
+                    quote = None
+                continue
+            if c in "'\"":
+                quote = c
+            elif c in "([{":
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+                if depth == 0:
+                    state[0], state[1] = depth, quote
+                    return True
+        state[0], state[1] = depth, quote
         return False
 
     def _finish_vllm(self) -> None:
