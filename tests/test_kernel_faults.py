@@ -264,3 +264,85 @@ def test_orphan_holding_the_pipes_after_a_result_is_not_waited_for(faulty, tmp_p
         assert took < 5, took
     finally:
         _kill_left_over(pidfile)
+
+
+# ----------------------------------------------------------------------------- a torch that imports but is broken
+
+BROKEN_ATTRS = '''
+def __getattr__(name):
+    raise RuntimeError("libtorch_cpu.so: the library is damaged\\nsecond line of the message")
+__version__ = "9.9.9+broken"
+'''
+BROKEN_IMPORT = 'raise OSError("libtorch_global_deps.so: invalid ELF header")\n'
+BROKEN_MATH = '''
+__version__ = "9.9.9+broken"
+int64 = "int64"
+class _T:
+    def __setitem__(self, key, value):
+        pass
+    def sum(self):
+        return self
+    def item(self):
+        return 0
+def zeros(*shape, dtype=None):
+    return _T()
+def tensor(values, dtype=None):
+    return _T()
+'''
+
+
+def fake_torch(tmp_path: Path, source: str) -> Path:
+    root = tmp_path / "fake_torch"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text(source, encoding="utf-8")
+    return root
+
+
+@pytest.mark.parametrize("source,needle", [
+    (BROKEN_ATTRS, "torch is broken: RuntimeError: libtorch_cpu.so: the library is damaged"),
+    (BROKEN_IMPORT, "torch is broken: OSError: libtorch_global_deps.so: invalid ELF header"),
+    (BROKEN_MATH, "torch is broken: torch 9.9.9+broken: writing 5 into a zero CPU tensor gives a sum of 0"),
+])
+def test_probe_slot_with_a_broken_torch_is_unavailable(tmp_path, monkeypatch, source, needle):
+    from typer.testing import CliRunner
+
+    from validator.cli import app
+
+    root = fake_torch(tmp_path, source)
+    monkeypatch.setenv("PYTHONPATH", str(root))          # the child's torch; the parent imports none
+    for device in ("cpu", "cuda"):
+        r = CliRunner().invoke(app, ["probe-slot", "--rows", "33", "--slot", "3", "--device", device,
+                                     "--timeout", "30", "--json"])
+        assert r.exit_code == 3, r.output
+        res = json.loads(r.stdout.strip().splitlines()[-1])
+        assert res["available"] is False and res["in_bounds"] is True
+        assert res["reason"].startswith(needle) and "second line" not in res["reason"]
+    r = CliRunner().invoke(app, ["probe-slot", "--rows", "33", "--slot", "3", "--device", "cpu", "--timeout", "30"])
+    assert r.exit_code == 3 and "unavailable" in r.stdout and needle in r.stdout
+
+
+@pytest.mark.parametrize("source,needle", [
+    (BROKEN_ATTRS, "torch is broken: RuntimeError: libtorch_cpu.so: the library is damaged"),
+    (BROKEN_IMPORT, "torch is broken: OSError: libtorch_global_deps.so: invalid ELF header"),
+    (BROKEN_MATH, "torch is broken: torch 9.9.9+broken: writing 5 into a zero CPU tensor gives a sum of 0"),
+])
+def test_check_reproduce_with_a_broken_torch_is_skipped(tmp_path, monkeypatch, source, needle):
+    from typer.testing import CliRunner
+
+    from validator.cli import app
+
+    runner = CliRunner()
+    plain = runner.invoke(app, ["check", "--example", "pd-decode-slot-96", "--json"])
+    assert plain.exception is None or isinstance(plain.exception, SystemExit)
+    monkeypatch.syspath_prepend(str(fake_torch(tmp_path, source)))
+    for name in [m for m in sys.modules if m == "torch" or m.startswith("torch.")]:
+        monkeypatch.delitem(sys.modules, name)
+    r = runner.invoke(app, ["check", "--example", "pd-decode-slot-96", "--reproduce", "--json"])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    assert r.exit_code == plain.exit_code
+    d = json.loads(r.stdout)
+    assert d["legal"] == json.loads(plain.stdout)["legal"]
+    assert len(d["reproduction"]) == 1 and d["reproduction"][0]["available"] is False
+    assert d["reproduction"][0]["reason"].startswith(needle)
+    r = runner.invoke(app, ["check", "--example", "pd-decode-slot-96", "--reproduce"])
+    assert r.exit_code == plain.exit_code and f"reproduction: skipped - {needle}" in r.stdout
