@@ -12,7 +12,10 @@ Outcomes (the ``outcome`` field):
 * ``process_crash`` - killed by a signal (SIGSEGV after a host assertion, SIGABRT, ...);
 * ``timeout`` - still running when the time limit hit; the process group was killed;
 * ``unavailable`` - the child could not run the job at all (no torch, no GPU, no FlashMLA);
-* ``unsupported`` - the installed provider lacks a feature the call needs (e.g. ``topk_length``).
+* ``unsupported`` - the installed provider lacks a feature the call needs (e.g. ``topk_length``);
+* ``malformed`` - what the child reported is not valid data (metadata that is not a table of int32
+  rows, an integer of hundreds of digits, a CUDA error line number no source file has, ...): the run
+  says nothing about the call, and ``inconclusive_reason`` says what was wrong.
 
 A ``python_exception`` that is about the environment, not the batch (the kernel does not run on this
 GPU architecture: "only supported on SM100f architectures"; the build lacks its legacy kernels; a
@@ -40,12 +43,23 @@ PARTIAL_PREFIX = f"{MARKER} partial "
 RESULT_PREFIX = f"{MARKER} result "
 
 OUTCOMES = ("ok", "python_exception", "process_exit", "illegal_memory_access", "device_assert",
-            "process_crash", "timeout", "unavailable", "unsupported")
+            "process_crash", "timeout", "unavailable", "unsupported", "malformed")
 # Outcomes after which the kernel did not run to completion: the call is illegal on this build.
 FAILED_OUTCOMES = frozenset({"python_exception", "process_exit", "illegal_memory_access", "device_assert",
                              "process_crash"})
 # Outcomes that say nothing about the call itself.
-INCONCLUSIVE_OUTCOMES = frozenset({"timeout", "unavailable", "unsupported"})
+INCONCLUSIVE_OUTCOMES = frozenset({"timeout", "unavailable", "unsupported", "malformed"})
+MALFORMED_PREFIX = "malformed result from the child: "
+
+# What a child's report may hold (anything else is malformed): every integer in a result line at most
+# MAX_INT_DIGITS digits; metadata a [P, METADATA_WIDTH] table of int32 with P <= MAX_PARTS; num_splits
+# at most MAX_SPLITS int32 values; line numbers at most MAX_LINE_DIGITS digits.
+MAX_INT_DIGITS = 20
+MAX_LINE_DIGITS = 9
+METADATA_WIDTH = 8
+MAX_PARTS = 1 << 16
+MAX_SPLITS = 1 << 24
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 CUDA_ERROR_RE = re.compile(r"CUDA error \(([^()]*?):(\d+)\): (.+)")
 TORCH_CUDA_ERROR_RE = re.compile(r"CUDA error: ([^\n]+)")
@@ -81,6 +95,115 @@ class Unsupported(Exception):
     """Raised in the child: the provider lacks a feature the call needs (the call says nothing about limits)."""
 
 
+class MalformedResult(ValueError):
+    """Raised in the parent: what the child reported is not valid data (the message says what)."""
+
+
+def _digits(text: str, what: str, limit: int) -> int:
+    """``int(text)`` for a run of digits no longer than ``limit``; else :class:`MalformedResult`."""
+    n = len(text.lstrip("+-"))
+    if n > limit:
+        raise MalformedResult(f"{what} has {n} digits (at most {limit} expected)")
+    return int(text)
+
+
+def _json_int(text: str) -> int:
+    return _digits(text, "an integer", MAX_INT_DIGITS)
+
+
+def _json_constant(text: str):
+    raise MalformedResult(f"{text} is not a number")
+
+
+def loads_report(text: str) -> Any:
+    """A JSON value from the child, integers bounded in length and NaN/Infinity refused (then
+    :class:`MalformedResult`); text that is not JSON at all raises :class:`json.JSONDecodeError`."""
+    try:
+        return json.loads(text, parse_int=_json_int, parse_constant=_json_constant)
+    except RecursionError:
+        raise MalformedResult("JSON nested too deeply") from None
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_int(v: Any, what: str, lo: int = INT32_MIN, hi: int = INT32_MAX) -> None:
+    if not _is_int(v):
+        raise MalformedResult(f"{what} is {type(v).__name__} {_short(v)}, not an integer")
+    if not lo <= v <= hi:
+        raise MalformedResult(f"{what} is {v}, outside {lo}..{hi}")
+
+
+def _short(v: Any, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[:n] + "..."
+
+
+def _check_type(obj: dict, key: str, types: tuple, what: str) -> None:
+    if key in obj and obj[key] is not None and not isinstance(obj[key], types):
+        raise MalformedResult(f"{what}{key} is {type(obj[key]).__name__} {_short(obj[key])}")
+
+
+def check_report_data(obj: dict, where: str = "result") -> None:
+    """Raise :class:`MalformedResult` unless the fields the parent reads from a child's ``result`` or
+    ``partial`` object have their shape, types and ranges: ``tile_scheduler_metadata`` a list of at most
+    ``MAX_PARTS`` rows of ``METADATA_WIDTH`` int32 values, ``num_splits`` a list of at most ``MAX_SPLITS``
+    int32 values, ``num_sm_parts`` a count, ``device`` and ``providers`` as the detection writes them."""
+    md = obj.get("tile_scheduler_metadata")
+    if md is not None:
+        if not isinstance(md, list):
+            raise MalformedResult(f"{where} tile_scheduler_metadata is {type(md).__name__}, not a list of rows")
+        if len(md) > MAX_PARTS:
+            raise MalformedResult(f"{where} tile_scheduler_metadata has {len(md)} rows (at most {MAX_PARTS})")
+        for i, row in enumerate(md):
+            if not isinstance(row, list):
+                raise MalformedResult(f"{where} tile_scheduler_metadata row {i} is {type(row).__name__} "
+                                      f"{_short(row)}, not a list")
+            if len(row) != METADATA_WIDTH:
+                raise MalformedResult(f"{where} tile_scheduler_metadata row {i} has {len(row)} values "
+                                      f"({METADATA_WIDTH} expected)")
+            for j, v in enumerate(row):
+                _check_int(v, f"{where} tile_scheduler_metadata[{i}][{j}]")
+    ns = obj.get("num_splits")
+    if ns is not None:
+        if not isinstance(ns, list):
+            raise MalformedResult(f"{where} num_splits is {type(ns).__name__}, not a list")
+        if len(ns) > MAX_SPLITS:
+            raise MalformedResult(f"{where} num_splits has {len(ns)} values (at most {MAX_SPLITS})")
+        for i, v in enumerate(ns):
+            _check_int(v, f"{where} num_splits[{i}]")
+    if obj.get("num_sm_parts") is not None:
+        _check_int(obj["num_sm_parts"], f"{where} num_sm_parts", 0, MAX_PARTS)
+    _check_type(obj, "use_legacy", (bool,), f"{where} ")
+    for key in ("message", "error_type", "cuda_reason", "torch"):
+        _check_type(obj, key, (str,), f"{where} ")
+    dev = obj.get("device")
+    if dev is not None:
+        if not isinstance(dev, dict):
+            raise MalformedResult(f"{where} device is {type(dev).__name__}, not an object")
+        _check_type(dev, "name", (str,), f"{where} device ")
+        for key, lo, hi in (("num_sms", 0, 1 << 20), ("smem_optin", 0, 1 << 40), ("memory_bytes", 0, 1 << 60)):
+            if dev.get(key) is not None:
+                _check_int(dev[key], f"{where} device {key}", lo, hi)
+        cc = dev.get("cc")
+        if cc is not None:
+            if not (isinstance(cc, list) and len(cc) == 2):
+                raise MalformedResult(f"{where} device cc is {_short(cc)}, not [major, minor]")
+            for v in cc:
+                _check_int(v, f"{where} device cc", 0, 1000)
+    provs = obj.get("providers")
+    if provs is not None:
+        if not isinstance(provs, list) or not all(isinstance(p, dict) for p in provs):
+            raise MalformedResult(f"{where} providers is {_short(provs)}, not a list of objects")
+        for p in provs:
+            for key in ("name", "module", "api", "origin", "reason", "distribution", "version"):
+                _check_type(p, key, (str,), f"{where} provider ")
+            feats = p.get("features", [])
+            if not isinstance(feats, list) or not all(isinstance(f, str) for f in feats):
+                raise MalformedResult(f"{where} provider features is {_short(feats)}, not a list of names")
+
+
 @dataclass(frozen=True)
 class CudaError:
     """One ``CUDA error (file:line): text`` line. ``site`` is the file path from ``csrc/`` on."""
@@ -107,7 +230,8 @@ def find_cuda_error(text: str) -> CudaError | None:
     """The last ``CUDA error (file:line): text`` line in ``text``, if any."""
     found = None
     for m in CUDA_ERROR_RE.finditer(text):
-        found = CudaError(m.group(1), int(m.group(2)), m.group(3).strip())
+        found = CudaError(m.group(1), _digits(m.group(2), "a CUDA error line number", MAX_LINE_DIGITS),
+                          m.group(3).strip())
     return found
 
 
@@ -115,8 +239,10 @@ def find_fallback(text: str) -> dict | None:
     """The last low-smem fallback warning in ``text``: batch size, shared memory needed, the maximum."""
     found = None
     for m in FALLBACK_RE.finditer(text):
-        found = {"batch_size": int(m.group(1)), "smem_bytes": int(m.group(2)), "smem_max": int(m.group(3)),
-                 "text": m.group(0)}
+        what = "a number in the low-smem fallback warning"
+        found = {"batch_size": _digits(m.group(1), what, MAX_INT_DIGITS),
+                 "smem_bytes": _digits(m.group(2), what, MAX_INT_DIGITS),
+                 "smem_max": _digits(m.group(3), what, MAX_INT_DIGITS), "text": m.group(0)}
     return found
 
 
@@ -158,6 +284,7 @@ class ChildReport:
     stages: tuple = ()
     partial: dict = field(default_factory=dict)
     result: dict | None = None
+    unreadable: str = ""          # the last result line that was not JSON (cut short, garbled), if any
 
     @property
     def last_stage(self) -> str | None:
@@ -165,28 +292,37 @@ class ChildReport:
 
 
 def parse_child_stdout(stdout: str) -> ChildReport:
-    """Read stage markers, partial results and the final result line from the child's stdout."""
+    """Read stage markers, partial results and the final result line from the child's stdout.
+
+    Raises :class:`MalformedResult` for a partial or result line that is not valid data
+    (:func:`loads_report`, :func:`check_report_data`)."""
     stages: list[str] = []
     partial: dict = {}
     result = None
+    unreadable = ""
     for ln in stdout.splitlines():
         if ln.startswith(STAGE_PREFIX):
             stages.append(ln[len(STAGE_PREFIX):].strip())
         elif ln.startswith(PARTIAL_PREFIX):
             try:
-                obj = json.loads(ln[len(PARTIAL_PREFIX):])
+                obj = loads_report(ln[len(PARTIAL_PREFIX):])
             except json.JSONDecodeError:
                 continue
-            if isinstance(obj, dict):
-                partial.update(obj)
+            if not isinstance(obj, dict):
+                raise MalformedResult(f"a partial result is {type(obj).__name__}, not an object")
+            check_report_data(obj, "partial result")
+            partial.update(obj)
         elif ln.startswith(RESULT_PREFIX):
             try:
-                obj = json.loads(ln[len(RESULT_PREFIX):])
-            except json.JSONDecodeError:
+                obj = loads_report(ln[len(RESULT_PREFIX):])
+            except json.JSONDecodeError as e:
+                unreadable = f"the result line is not JSON ({e.msg} at character {e.pos})"
                 continue
-            if isinstance(obj, dict):
-                result = obj
-    return ChildReport(tuple(stages), partial, result)
+            if not isinstance(obj, dict):
+                raise MalformedResult(f"the result is {type(obj).__name__}, not an object")
+            check_report_data(obj)
+            result = obj
+    return ChildReport(tuple(stages), partial, result, unreadable if result is None else "")
 
 
 def signal_name(num: int) -> str:
@@ -213,6 +349,7 @@ class RunResult:
     stderr_tail: str = ""
     fallback: dict | None = None
     inconclusive_reason: str = ""
+    output_dropped: dict = field(default_factory=dict)   # bytes of child output not kept, by stream
 
     @property
     def fallback_used(self) -> bool:
@@ -281,23 +418,42 @@ class RunResult:
         d["fallback_used"] = self.fallback_used
         if self.fallback is not None:
             d["fallback"] = self.fallback
+        if self.output_dropped:
+            d["output_dropped"] = dict(self.output_dropped)
         if with_payload and self.payload:
             d["payload"] = self.payload
         return d
 
 
 def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: bool = False,
-             elapsed_s: float = 0.0) -> RunResult:
+             elapsed_s: float = 0.0, dropped: dict | None = None) -> RunResult:
     """Classify a finished (or killed) child run from its exit status and output.
 
-    ``returncode`` follows :mod:`subprocess`: negative for a signal. Pure function: the unit tests
-    drive it with synthetic outputs.
+    ``returncode`` follows :mod:`subprocess`: negative for a signal. ``dropped``: bytes of each stream
+    the parent did not keep. Pure function: the unit tests drive it with synthetic outputs. Output that
+    is not valid data is a ``malformed`` run (after a timeout, still a ``timeout``), never an exception.
     """
+    dropped = {k: v for k, v in (dropped or {}).items() if v}
+    try:
+        return _classify(returncode, stdout, stderr, timed_out, elapsed_s, dropped)
+    except MalformedResult as e:
+        if timed_out:
+            return RunResult("timeout", f"no result within {elapsed_s:.1f} s; the process group was killed",
+                             elapsed_s=elapsed_s, stderr_tail=tail(stderr), output_dropped=dropped,
+                             inconclusive_reason="no result within the time limit")
+        why = MALFORMED_PREFIX + str(e)
+        return RunResult("malformed", why, exit_code=returncode, elapsed_s=elapsed_s, stderr_tail=tail(stderr),
+                         inconclusive_reason=why, output_dropped=dropped)
+
+
+def _classify(returncode: int | None, stdout: str, stderr: str, timed_out: bool, elapsed_s: float,
+              dropped: dict) -> RunResult:
     child = parse_child_stdout(stdout)
     both = f"{stderr}\n{stdout}"
     cuda_err = find_cuda_error(both)
     common = dict(stage=child.last_stage, partial=child.partial, elapsed_s=elapsed_s,
-                  stderr_tail=tail(stderr), cuda_error=cuda_err, fallback=find_fallback(both))
+                  stderr_tail=tail(stderr), cuda_error=cuda_err, fallback=find_fallback(both),
+                  output_dropped=dropped)
     if timed_out:
         return RunResult("timeout", f"no result within {elapsed_s:.1f} s; the process group was killed",
                          exit_code=None, inconclusive_reason="no result within the time limit", **common)
@@ -332,12 +488,16 @@ def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: boo
         name = signal_name(-returncode)
         msg = find_assertion(both) or last_line(stderr) or last_line(stdout)
         return RunResult("process_crash", msg, exit_code=returncode, signal=name, **common)
+    if child.unreadable and returncode == 0:
+        raise MalformedResult(child.unreadable)
     if cuda_err is not None:
         outcome = "illegal_memory_access" if cuda_err.is_illegal_access else "process_exit"
         msg = f"CUDA error ({cuda_err.site}): {cuda_err.text}"
         return RunResult(outcome, msg, exit_code=returncode, **common)
     if returncode == 0:
-        return RunResult("process_exit", "the process exited with status 0 before reporting a result",
+        lost = (f" ({dropped['stdout']} bytes of its stdout were over the capture cap and dropped)"
+                if dropped.get("stdout") else "")
+        return RunResult("process_exit", f"the process exited with status 0 before reporting a result{lost}",
                          exit_code=0, **common)
     return RunResult("process_exit", last_line(stderr) or last_line(stdout) or f"exit status {returncode}",
                      exit_code=returncode, **common)

@@ -26,6 +26,7 @@ import time
 
 from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..knowledge import generation
+from ..reproduce import BROKEN_PREFIX, one_line, torch_broken
 from .builds import LEGACY_PARAM, distribution_of
 from .outcome import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
@@ -38,10 +39,16 @@ PREFILL_DEFAULT_S_KV = 8192
 
 
 def _torch():
+    """torch, checked on a small CPU tensor: a torch that is missing or broken is ``Unavailable``."""
     try:
         import torch
     except ImportError as e:
         raise Unavailable(f"torch is not importable in the child: {e}") from None
+    except Exception as e:  # noqa: BLE001 - an import that raises anything else is a broken install
+        raise Unavailable(BROKEN_PREFIX + one_line(e)) from None
+    why = torch_broken(torch)
+    if why:
+        raise Unavailable(BROKEN_PREFIX + why)
     return torch
 
 
