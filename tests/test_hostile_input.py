@@ -137,6 +137,18 @@ def test_crash_dump_of_shared_references(tmp_path):
     _refused(*_dump_cli(tmp_path, data), "values")
 
 
+def test_crash_dump_of_many_reductions_over_one_shared_list(tmp_path):
+    # 20,000 REDUCEs of one pickled class, each over the same 2,000-entry list (a 124 KB file)
+    b = bytearray(b"\x80\x02csglang.srt.managers.schedule_batch\nReq\nq\x00]q\x01(")
+    for i in range(2000):
+        b += b"K" + bytes([i % 256])
+    b += b"e]("
+    b += b"h\x00h\x01\x85R" * 20000
+    b += b"e."
+    assert len(b) < 130_000
+    _refused(*_dump_cli(tmp_path, bytes(b)), "values")
+
+
 def test_gzip_decompression_bomb(tmp_path):
     data = gzip.compress(b"\n" * 20_000_000)
     assert len(data) < 25_000
