@@ -107,24 +107,40 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
     """Walk ``value`` without recursion: nesting at most ``max_depth``, at most ``max_nodes`` values
     (a shared list counts once per reference, a list containing itself is refused), no string longer
     than ``max_string`` and no integer over :data:`MAX_DOCUMENT_INT_DIGITS` digits. ``children(x)``
-    gives the parts of other objects (a tuple), or None for a leaf."""
+    gives the parts of other objects (a tuple), or None for a leaf.
+
+    Each distinct container is walked once: its expanded size and height are remembered, so a
+    reference to it again adds them without a second walk (a tower of shared references is refused
+    in time proportional to its distinct values, not to its expansion)."""
+    def too_many():
+        return InputError(field, f"more than {max_nodes} values (counting repeated references)")
+
     nodes = 0
+    done: dict[int, tuple[int, int]] = {}   # container id -> (expanded values, height), once walked
+    keep: list[Any] = []                    # keeps walked containers alive while their ids are keys
+    open_ids: set[int] = set()              # containers on the current path
+    # entries: (value, depth) to visit, or (None, -1 - k) to close the container opened k-th
     stack: list[tuple[Any, int]] = [(value, 0)]
-    open_ids: dict[int, int] = {}       # containers on the current path -> their depth
-    path: list[int] = []                # ids of the containers on the current path
+    opened: list[tuple[Any, int, int, int]] = []   # (container, depth, nodes at entry, deepest at entry)
+    deepest = 0
     while stack:
         x, depth = stack.pop()
-        while path and open_ids[path[-1]] >= depth:
-            del open_ids[path.pop()]
-        nodes += 1
-        if nodes > max_nodes:
-            raise InputError(field, f"more than {max_nodes} values (counting repeated references)")
+        if depth < 0:                          # closing a container: its size and height are known
+            c, cdepth, at, outer = opened.pop()
+            done[id(c)] = (nodes - at, deepest - cdepth)
+            keep.append(c)
+            open_ids.discard(id(c))
+            deepest = max(deepest, outer)
+            continue
+        if depth > deepest:
+            deepest = depth
         t = type(x)
         if t is int:
+            nodes += 1
             if x.bit_length() > 64:
                 check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
-            continue
-        if t is str:
+        elif t is str:
+            nodes += 1
             if len(x) > max_string:
                 raise InputError(field, f"a string of {len(x)} characters (at most {max_string}): {echo(x)}")
             if not x.isascii():
@@ -132,39 +148,49 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
                     x.encode("utf-8")
                 except UnicodeEncodeError:
                     raise InputError(field, f"a string that is not valid Unicode (a lone surrogate): {echo(x)}") from None
-            continue
-        if t is list or t is tuple or t is dict:
-            if depth >= max_depth:
-                raise InputError(field, f"nested deeper than {max_depth} levels")
-            if id(x) in open_ids:
-                raise InputError(field, "a value that contains itself")
-            open_ids[id(x)] = depth
-            path.append(id(x))
-            if t is dict:
-                for k, v in x.items():
-                    stack.append((k, depth + 1))
-                    stack.append((v, depth + 1))
+        else:
+            parts = None
+            if t is list or t is tuple or t is dict:
+                parts = x
+            elif isinstance(x, int) and not isinstance(x, bool):
+                nodes += 1
+                check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
+            elif children is not None:
+                parts = children(x)
+            if parts is None:
+                nodes += 1
             else:
-                # lists of plain numbers (the common request columns) are counted without a push each
-                if all(type(v) is int and -(1 << 63) <= v < (1 << 64) or type(v) is float for v in x):
-                    nodes += len(x)
-                    if nodes > max_nodes:
-                        raise InputError(field, f"more than {max_nodes} values (counting repeated references)")
-                    continue
-                stack.extend((v, depth + 1) for v in x)
-            continue
-        if isinstance(x, int) and not isinstance(x, bool):
-            check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
-            continue
-        parts = children(x) if children is not None else None
-        if parts is not None:
-            if depth >= max_depth:
-                raise InputError(field, f"nested deeper than {max_depth} levels")
-            if id(x) in open_ids:
-                raise InputError(field, "a value that contains itself")
-            open_ids[id(x)] = depth
-            path.append(id(x))
-            stack.extend((v, depth + 1) for v in parts)
+                key = id(x)
+                if key in open_ids:
+                    raise InputError(field, "a value that contains itself")
+                seen = done.get(key)
+                if seen is not None:            # walked before: add its expansion
+                    nodes += seen[0]
+                    if depth + seen[1] > deepest:
+                        deepest = depth + seen[1]
+                    if depth + seen[1] > max_depth:
+                        raise InputError(field, f"nested deeper than {max_depth} levels")
+                else:
+                    if depth >= max_depth:
+                        raise InputError(field, f"nested deeper than {max_depth} levels")
+                    nodes += 1
+                    open_ids.add(key)
+                    opened.append((x, depth, nodes - 1, deepest))
+                    deepest = depth
+                    stack.append((None, -1))
+                    if t is dict:
+                        for k, v in x.items():
+                            stack.append((k, depth + 1))
+                            stack.append((v, depth + 1))
+                    elif (t is list or t is tuple) and all(
+                            type(v) is int and -(1 << 63) <= v < (1 << 64) or type(v) is float for v in x):
+                        nodes += len(x)         # a column of plain numbers: counted without a push each
+                        if x and depth + 1 > deepest:
+                            deepest = depth + 1
+                    else:
+                        stack.extend((v, depth + 1) for v in parts)
+        if nodes > max_nodes:
+            raise too_many()
 
 
 def read_bounded(fh: Any, limit: int, name: str, field: str = "FILE") -> bytes:
