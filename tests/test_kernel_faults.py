@@ -309,7 +309,8 @@ def test_probe_slot_with_a_broken_torch_is_unavailable(tmp_path, monkeypatch, so
     from validator.cli import app
 
     root = fake_torch(tmp_path, source)
-    monkeypatch.setenv("PYTHONPATH", str(root))          # the child's torch; the parent imports none
+    monkeypatch.setenv("PYTHONPATH", str(root))          # the child's torch; the parent imports none,
+    monkeypatch.syspath_prepend(str(root))               # but finds it installed (with or without a real one)
     for device in ("cpu", "cuda"):
         r = CliRunner().invoke(app, ["probe-slot", "--rows", "33", "--slot", "3", "--device", device,
                                      "--timeout", "30", "--json"])
