@@ -144,3 +144,42 @@ def test_x():
     res = run(pytester)
     res.assert_outcomes(failed=1)
     assert "unknown engine setting(s) engines" in res.stdout.str()
+
+
+def test_failures_point_at_the_tests_own_line(pytester):
+    pytester.makepyfile(SEED + """
+from validator.pytest_plugin import assert_batch_legal, assert_batch_illegal
+
+def test_helper():
+    assert_batch_legal(SEED)          # THE-HELPER-LINE
+
+def test_fixture(batch_validator):
+    batch_validator.assert_legal(SEED)    # THE-FIXTURE-LINE
+
+def test_illegal_expected(batch_validator):
+    batch_validator.assert_illegal(SMALL, "FMLA001")    # THE-ILLEGAL-LINE
+""")
+    res = run(pytester, "--tb=short")
+    res.assert_outcomes(failed=3)
+    out = res.stdout.str()
+    for marker in ("THE-HELPER-LINE", "THE-FIXTURE-LINE", "THE-ILLEGAL-LINE"):
+        assert marker in out, marker                 # the failing line of the test is shown
+    assert "pytest_plugin.py" not in out             # the plugin's frames are hidden
+
+
+def test_an_unconfigured_fixture_warns_once(pytester):
+    pytester.makepyfile(SEED + """
+def test_a(batch_validator):
+    batch_validator.assert_legal({k: v for k, v in SMALL.items() if k != "engine"})
+
+def test_b(batch_validator):
+    batch_validator.assert_legal({k: v for k, v in SMALL.items() if k != "engine"})
+""")
+    res = run(pytester, "-W", "always")
+    res.assert_outcomes(passed=2)
+    out = res.stdout.str()
+    assert out.count("UnconfiguredEngineWarning") == 1 and "validate_batch_engine" in out
+    pytester.makeini("[pytest]\nvalidate_batch_engine = sglang-dsv4@pre-25418\n")
+    res = run(pytester, "-W", "always")
+    res.assert_outcomes(passed=2)
+    assert "UnconfiguredEngineWarning" not in res.stdout.str()

@@ -62,21 +62,25 @@ def assert_batch_legal(batch: Any, **engine):
     Verdict. ``engine``: ``engine``, ``gpu``, ``server_args``, ``model``, ``buffers``, ``kernel``
     (a document's own fields win over these). Returns the report when legal.
     """
+    __tracebackhide__ = True        # the failure points at the calling test's line
     report = _report(batch, _checker(**engine))
     if not report.legal:
-        pytest.fail(failure_message(report), pytrace=False)
+        pytest.fail(failure_message(report))
     return report
 
 
 def assert_batch_illegal(batch: Any, *codes: str, **engine):
-    """Fail the calling test unless ``batch`` is illegal (and, if given, breaks every rule in ``codes``)."""
+    """Fail the calling test unless ``batch`` is illegal (and, if given, breaks every rule in ``codes``).
+
+    ``codes``: rule codes that must each be broken (case-insensitive); other broken rules are
+    allowed. ``engine``: as for :func:`assert_batch_legal`. Returns the report."""
+    __tracebackhide__ = True
     report = _report(batch, _checker(**engine))
     if report.legal:
-        pytest.fail("expected an illegal batch, but it is legal", pytrace=False)
+        pytest.fail("expected an illegal batch, but it is legal")
     missing = sorted(set(c.upper() for c in codes) - {f.code for f in report.errors})
     if missing:
-        pytest.fail(f"expected rule(s) {', '.join(missing)} to be broken; got:\n{failure_message(report)}",
-                    pytrace=False)
+        pytest.fail(f"expected rule(s) {', '.join(missing)} to be broken; got:\n{failure_message(report)}")
     return report
 
 
@@ -103,14 +107,19 @@ class BatchValidator:
         return _report(batch, self.checker(**overrides))
 
     def assert_legal(self, batch: Any, **overrides):
+        """Fail the test (at its own line), with the findings and the split, unless ``batch`` is legal."""
+        __tracebackhide__ = True
         report = self.check(batch, **overrides)
         if not report.legal:
-            pytest.fail(failure_message(report), pytrace=False)
+            pytest.fail(failure_message(report))
         return report
 
     __call__ = assert_legal
 
     def assert_illegal(self, batch: Any, *codes: str, **overrides):
+        """Fail the test unless ``batch`` is illegal and breaks every rule in ``codes`` (e.g.
+        ``assert_illegal(doc, "FMLA001", "SGL001")``); returns the report."""
+        __tracebackhide__ = True
         return assert_batch_illegal(self.check(batch, **overrides), *codes)
 
     def headroom(self, *args, **kwargs):
@@ -129,14 +138,34 @@ def pytest_configure(config):
         "markers", "validate_batch(engine=..., gpu=..., server_args=...): engine configuration of batch_validator")
 
 
+class UnconfiguredEngineWarning(pytest.PytestWarning):
+    """``batch_validator`` was used with no engine named by a marker or the ini option."""
+
+
+_WARNED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
 def batch_validator(request) -> BatchValidator:
-    """Checks batches against the test's engine configuration (marker, then ini options)."""
+    """Checks batches against the test's engine configuration (marker, then ini options).
+
+    With neither, it warns once per run (:class:`UnconfiguredEngineWarning`) and uses
+    ``rules/engines.json``'s default profile: name the engine with
+    ``@pytest.mark.validate_batch(engine="sglang-dsv4@0.5.23")`` or ``validate_batch_engine = ...``
+    in the ini file, since a verdict is only true for the engine version (and its FlashMLA build).
+    """
     from .batch import default_profile
 
-    cfg: dict = {"engine": request.config.getini("validate_batch_engine") or default_profile(),
+    marks = list(request.node.iter_markers("validate_batch"))
+    ini_engine = request.config.getini("validate_batch_engine")
+    if not ini_engine and not any("engine" in m.kwargs for m in marks) and not request.config.stash.get(_WARNED, False):
+        request.config.stash[_WARNED] = True     # once per run
+        request.node.warn(UnconfiguredEngineWarning(
+            f"batch_validator: no engine configured; using the default profile {default_profile()!r}. Name one with "
+            "@pytest.mark.validate_batch(engine='sglang-dsv4@0.5.23') or 'validate_batch_engine = ...' in the ini file"))
+    cfg: dict = {"engine": ini_engine or default_profile(),
                  "gpu": request.config.getini("validate_batch_gpu") or "H200"}
-    for mark in reversed(list(request.node.iter_markers("validate_batch"))):  # closest marker wins
+    for mark in reversed(marks):  # closest marker wins
         unknown = set(mark.kwargs) - set(ENGINE_KEYS)
         if unknown or mark.args:
             raise pytest.UsageError(f"validate_batch marker takes keyword arguments {', '.join(ENGINE_KEYS)}; "
