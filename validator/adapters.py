@@ -116,10 +116,16 @@ def _merged_decodes(batch: Any, mode: str, n: int) -> int:
     return k
 
 
+def _extend_len(r: Any) -> Any:
+    """A request's new tokens: ``Req.extend_len`` (SGLang 0.5.23), ``extend_input_len`` before."""
+    v = getattr(r, "extend_len", None)
+    return r.extend_input_len if v is None else v
+
+
 def _extend_lens(batch: Any, n: int) -> list:
     v = getattr(batch, "extend_lens", None)
     if v is None:
-        return [r.extend_input_len for r in batch.reqs]
+        return [_extend_len(r) for r in batch.reqs]
     return _as_list(v, "extend_lens")
 
 
@@ -132,10 +138,21 @@ def _seq_lens(batch: Any) -> list:
     return _as_list(v, "seq_lens")
 
 
+def _slot(r: Any) -> Any:
+    """A request's slot: ``Req.kv.req_pool_idx`` (SGLang 0.5.23), ``Req.req_pool_idx`` before."""
+    v = getattr(r, "req_pool_idx", None)
+    if v is None:
+        v = getattr(getattr(r, "kv", None), "req_pool_idx", None)
+    return v
+
+
 def _slots(batch: Any) -> list:
-    slots = [getattr(r, "req_pool_idx", None) for r in batch.reqs]
+    slots = [_slot(r) for r in batch.reqs]
     if None in slots:
-        v = getattr(batch, "req_pool_indices", None)
+        # the host copy first (no device sync), then the device tensor
+        v = getattr(batch, "req_pool_indices_cpu", None)
+        if v is None:
+            v = getattr(batch, "req_pool_indices", None)
         if v is None:
             raise InputError("req_pool_indices", "missing: neither the requests nor the batch name their slots")
         slots = _as_list(v, "req_pool_indices")

@@ -123,10 +123,13 @@ def _server_args(server_args: Any) -> dict:
     if isinstance(server_args, Mapping):
         items = server_args.items()
     else:
+        struct_fields = getattr(type(server_args), "__struct_fields__", None)   # a msgspec Struct (SGLang 0.5.23)
         fields = getattr(server_args, "__dict__", None)
-        if fields is None:
+        if struct_fields is None and fields is None:
             raise InputError("server_args", f"expected a mapping of engine flags, got {type(server_args).__name__}")
-        items = fields.items()
+        items = list((fields or {}).items())
+        if struct_fields is not None:
+            items += [(f, getattr(server_args, f, None)) for f in struct_fields]
     out = {}
     for k, v in items:
         key = normalize_setting(str(k))
