@@ -33,6 +33,7 @@ class ForwardMode(enum.IntEnum):  # same member names as SGLang's enum
     DRAFT_EXTEND = 6
     SPLIT_PREFILL = 7
     PREBUILT = 8
+    SOME_FUTURE_MODE = 9        # not a member of any SGLang release the project knows
 
 
 class FakeTensor:
@@ -170,8 +171,10 @@ def test_sglang_mode_names_and_methods():
         def is_extend(self):
             return True
     assert sglang_forward_mode(ns(fm=MethodsOnly())) == "mixed"
+    # a PD decode worker's PREBUILT batch never enters a model forward (SGLang 0.5.23)
+    assert sglang_forward_mode(ns(fm=ForwardMode.PREBUILT)) is None
     with pytest.raises(InputError) as ei:
-        sglang_forward_mode(ns(fm=ForwardMode.PREBUILT))
+        sglang_forward_mode(ns(fm=ForwardMode.SOME_FUTURE_MODE))
     assert ei.value.field == "forward_mode"
 
 
