@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from . import _accel, cli_bisect, cli_kernel
+from . import _accel, cli_bisect, cli_kernel, cli_map
 from .api import check_plan
 from .errors import InputError
 from .flashmla.calls import calls_from_records
@@ -405,6 +405,7 @@ def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as 
 
 cli_kernel.register(app)
 cli_bisect.register(app)
+cli_map.register(app)
 
 
 def main(args: Optional[list[str]] = None) -> None:
