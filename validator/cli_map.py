@@ -11,9 +11,18 @@ from rich.text import Text
 
 from .errors import InputError
 from .inputs import load_documents
+from .legality_map import (
+    AXES,
+    IMAGE_FORMATS,
+    PAIRS,
+    boundary_csv,
+    engine_source,
+    legality_map,
+    maps_across_builds,
+    save_image,
+    source_from_documents,
+)
 from .limits import echo
-from .legality_map import (AXES, IMAGE_FORMATS, PAIRS, boundary_csv, engine_source, legality_map,
-                           maps_across_builds, save_image, source_from_documents)
 from .output import KERNEL_GEN_HELP, Output, kernel_option
 from .quick import batch_doc_from_flags
 
