@@ -346,3 +346,33 @@ def test_readme_workflow_snippet_is_valid_yaml_running_a_documented_format():
     fmt = args[args.index("--output-format") + 1]
     r = invoke(["check", BATCHES, "--output-format", fmt])
     assert r.exit_code == 1 and r.stdout.startswith("::error ")
+
+
+def test_single_file_bad_input_is_reported_in_the_ci_formats(tmp_path):
+    f = tmp_path / "broken.json"
+    f.write_text('{"kind": "sparse"')
+    r = invoke(["check", f, "-f", "github"])
+    assert r.exit_code == 2
+    assert [x for x in r.stdout.splitlines() if x.startswith("::error ")] == [
+        x for x in r.stdout.splitlines() if x.startswith(f"::error file={f},title=bad input::")]
+    assert len(r.stdout.splitlines()) == 1
+    cases = ET.fromstring(invoke(["metadata", f, "-f", "junit"]).stdout).findall(".//testcase")
+    assert len(cases) == 1 and cases[0].find("error") is not None
+    log = json.loads(invoke(["bisect", tmp_path / "missing.log", "-f", "sarif"]).stdout)
+    assert log["runs"][0]["invocations"][0]["executionSuccessful"] is False
+    assert invoke(["check", f, "--json"]).stdout == ""                     # json keeps stderr only
+
+
+def test_github_properties_of_an_odd_file_name(tmp_path):
+    d = tmp_path / "odd"
+    d.mkdir()
+    (d / "a,b:c%.json").write_text(json.dumps(ILLEGAL_CALL))
+    line = invoke(["check", d, "-f", "github"]).stdout.splitlines()[0]
+    props = line[len("::error "):].split("::", 1)[0]
+    assert props.startswith("file=") and props.endswith("a%2Cb%3Ac%25.json,title=FMLA001")
+    assert props.count(",") == 1
+
+
+def test_shell_completion_is_offered():
+    out = invoke(["--help"]).output
+    assert "--install-completion" in out and "--show-completion" in out

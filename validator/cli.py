@@ -124,7 +124,7 @@ def metadata(
         calls = calls_from_records(docs)
         plans = [make_plan(c, g, kernel) for c in calls]
     except InputError as e:
-        output.error(e)
+        _fail_input(output, e, file)
     any_illegal = False
     units = []
     for i, p in enumerate(plans):
@@ -274,8 +274,8 @@ def check(
 
             kernel_result = kernel_check_report(report, console=output.err_console)
     except InputError as e:
-        output.error(e)
-    name = "-" if engine is not None else ("example:" + example if example else file)
+        _fail_input(output, e, name_of(file, engine, example))
+    name = name_of(file, engine, example)
     if output.mode in ("json", "jsonl"):
         d = {"schema": SCHEMA_VERSIONS["report"], **report.to_dict()}
         d.update(payload)
@@ -312,6 +312,19 @@ def check(
     if kernel_result is not None:
         raise typer.Exit(cli_kernel.check_kernel_exit_code(report.legal, kernel_result, exit_zero))
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
+
+
+def name_of(file: Optional[str], engine: Optional[str], example: Optional[str]) -> str:
+    """What the CI formats call the checked input: the file, ``example:NAME`` or ``-`` (a quick batch)."""
+    return "-" if engine is not None else ("example:" + example if example else (file or "-"))
+
+
+def _fail_input(output: Output, e: InputError, name: Optional[str]) -> None:
+    """Bad input: in the github, junit and sarif formats also one bad-input unit on stdout; then the
+    one line on stderr and exit 2."""
+    if output.is_ci and name:
+        output.write(formats.render(output.mode, [formats.bad_input_unit(name, e)]))
+    output.error(e)
 
 
 def filter_findings(report, select: list[str], ignore: list[str]) -> None:
@@ -362,8 +375,7 @@ def check_corpus(directory: str, gpu, kernel, output: Output, select: list[str],
         try:
             report, payload = check_documents(path, gpu, kernel)
         except InputError as e:
-            msg = " ".join(str(e).split())
-            units.append({"file": path, "name": path, "status": "bad_input", "findings": [], "error": msg})
+            units.append(formats.bad_input_unit(path, e))
             reports.append(None)
             continue
         filter_findings(report, select, ignore)

@@ -84,6 +84,9 @@ def register(app) -> None:
                                  err_console if not quiet else None)
             diag = diagnose(evidence, cfg, cdump, opts)
         except InputError as e:
+            name = log if log is not None else dump
+            if output.is_ci and name:
+                output.write(formats.render(output.mode, [formats.bad_input_unit(name, e)]))
             output.error(e)
         if output.mode in ("json", "jsonl"):
             output.json({"schema": formats.SCHEMA_VERSIONS["bisect"], **diag.to_dict()}, default=str)

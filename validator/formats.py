@@ -60,6 +60,11 @@ def selected(code: str, select: list[str], ignore: list[str]) -> bool:
     return not any(code.startswith(i) for i in ignore)
 
 
+def bad_input_unit(name: str, error: object) -> dict:
+    """A file that could not be read or parsed, with its one-line error."""
+    return {"file": name, "name": name, "status": "bad_input", "findings": [], "error": " ".join(str(error).split())}
+
+
 def statistics(units: list[dict]) -> dict[str, int]:
     """Findings per rule code over all units, codes in order."""
     c = Counter(f["code"] for u in units for f in u.get("findings") or ())
