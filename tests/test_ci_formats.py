@@ -376,3 +376,35 @@ def test_github_properties_of_an_odd_file_name(tmp_path):
 def test_shell_completion_is_offered():
     out = invoke(["--help"]).output
     assert "--install-completion" in out and "--show-completion" in out
+
+
+def test_metadata_select_ignore_statistics():
+    from validator.api import check_calls
+    from validator.inputs import load_documents
+    from validator.session import split_device_header
+
+    path = ORACLE / "flashmla_h200_probes.jsonl"
+    docs, g = split_device_header(load_documents(str(path)), None)
+    expect: dict = {}
+    for rec in docs:
+        for x in check_calls([rec], g).findings:
+            expect[x.code] = expect.get(x.code, 0) + 1
+    r = invoke(["metadata", path, "--statistics", "-f", "jsonl"])
+    got = {}
+    for line in r.stderr.split("statistics:", 1)[1].splitlines():
+        if line.strip():
+            code, n = line.split()[:2]
+            got[code] = int(n)
+    assert got == expect and r.exit_code == 1
+    assert invoke(["metadata", path, "--ignore", "FMLA", "-q"]).exit_code == 0
+    only = [json.loads(x) for x in invoke(["metadata", path, "--select", "FMLA001", "--json"]).stdout.splitlines()]
+    assert sum(len(o["findings"]) for o in only) == expect["FMLA001"]
+    assert all(f["code"] == "FMLA001" for o in only for f in o["findings"])
+    assert invoke(["metadata", path, "--select", "XYZ9"]).exit_code == 2
+
+
+def test_corpus_select_changes_the_verdicts():
+    r = invoke(["check", BATCHES, "--select", "SLOT", "--json"])
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["summary"]["illegal"] == 0
+    assert all(c.startswith("SLOT") for f in doc["files"] for c in f["codes"])

@@ -105,6 +105,9 @@ def metadata(
     reference: bool = typer.Option(False, "--reference", help="Compute with the plain reference loop instead of the fast path."),
     rows: int = typer.Option(16, "--rows", help="Human mode: partitions shown per call (the rest are counted, never dropped silently)."),
     output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP + "; json and jsonl: one object per call"),
+    select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; prefixes allowed)."),
+    ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped."),
+    stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code (on stderr in the machine formats)."),
 ):
     """Compute what FlashMLA's scheduler would write for each call: num_sm_parts, tile_scheduler_metadata, num_splits.
 
@@ -117,6 +120,10 @@ def metadata(
     output = Output.for_flags(as_json, quiet, output_format)
     out = output.console
     try:
+        sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
+    except ValueError as e:
+        output.fail(str(e))
+    try:
         kernel = kernel_option(kernel, output)
         docs, g = split_device_header(load_documents(file), gpu)
         if not docs:
@@ -127,8 +134,11 @@ def metadata(
         _fail_input(output, e, file)
     any_illegal = False
     units = []
+    counts: dict = {}
     for i, p in enumerate(plans):
-        findings = check_plan(p)
+        findings = [f for f in check_plan(p) if formats.selected(f.code, sel, ign)]
+        for f in findings:
+            counts[f.code] = counts.get(f.code, 0) + 1
         legal = not any(f.is_error for f in findings)
         any_illegal |= not legal
         if output.is_ci:
@@ -181,6 +191,8 @@ def metadata(
         render_findings(findings, out)
     if output.is_ci:
         output.write(formats.render(output.mode, units))
+    if stats and not output.is_quiet:
+        render_statistics(dict(sorted(counts.items())), out if output.mode == "human" else output.err_console)
     raise typer.Exit(EXIT_ILLEGAL if any_illegal else EXIT_LEGAL)
 
 
