@@ -48,6 +48,7 @@ app = typer.Typer(
         "* `echo '{\"kind\":\"sparse\",\"b\":12288,\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":512}' | validate-batch check -`\n\n"
         "* `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`\n\n"
         "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
+        "* `validate-batch check batches/ --output-format github` (every batch of a directory, as GitHub annotations)\n\n"
         "* `validate-batch probe -q b -t '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
         "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
