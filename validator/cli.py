@@ -14,15 +14,25 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from . import _accel, cli_bisect, cli_kernel, cli_map
+from . import _accel, cli_bisect, cli_kernel, cli_map, formats
 from .api import check_plan
 from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
+from .formats import SCHEMA_VERSIONS
 from .inputs import load_documents
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
 from .limits import echo
-from .output import DEBUG_ENV, EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_UNAVAILABLE, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (the exit codes)
+from .output import (  # noqa: F401 (the exit codes)
+    DEBUG_ENV,
+    EXIT_BAD_INPUT,
+    EXIT_INTERNAL,
+    EXIT_UNAVAILABLE,
+    KERNEL_GEN_HELP,
+    OUTPUT_FORMAT_HELP,
+    Output,
+    kernel_option,
+)
 from .pipeline import check_batch_document
 from .quick import batch_doc_from_flags
 from .render import render_report
@@ -33,8 +43,9 @@ from .session import check_documents, split_device_header
 
 app = typer.Typer(
     name="validate-batch",
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode="markdown",
     help=(
         "Is this batch legal for the attention kernels? Which limit does it break, with the numbers and "
@@ -45,6 +56,7 @@ app = typer.Typer(
         "* `echo '{\"kind\":\"sparse\",\"b\":12288,\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":512}' | validate-batch check -`\n\n"
         "* `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`\n\n"
         "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
+        "* `validate-batch check batches/ --output-format github` (every batch of a directory, as GitHub annotations)\n\n"
         "* `validate-batch probe -q b -t '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
         "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
@@ -101,6 +113,10 @@ def metadata(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     reference: bool = typer.Option(False, "--reference", help="Compute with the plain reference loop instead of the fast path."),
     rows: int = typer.Option(16, "--rows", help="Human mode: partitions shown per call (the rest are counted, never dropped silently)."),
+    output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP + "; json and jsonl: one object per call"),
+    select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; prefixes allowed)."),
+    ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped."),
+    stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code (on stderr in the machine formats)."),
 ):
     """Compute what FlashMLA's scheduler would write for each call: num_sm_parts, tile_scheduler_metadata, num_splits.
 
@@ -110,8 +126,12 @@ def metadata(
 
     * `echo '{"kind":"dense","b":4,"s_q":2,"h_q":128,"seqlens":[10,0,100,7]}' | validate-batch metadata -`
     """
-    output = Output.for_flags(as_json, quiet)
+    output = Output.for_flags(as_json, quiet, output_format)
     out = output.console
+    try:
+        sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
+    except ValueError as e:
+        output.fail(str(e))
     try:
         kernel = kernel_option(kernel, output)
         docs, g = split_device_header(load_documents(file), gpu)
@@ -120,17 +140,26 @@ def metadata(
         calls = calls_from_records(docs)
         plans = [make_plan(c, g, kernel) for c in calls]
     except InputError as e:
-        output.error(e)
+        _fail_input(output, e, file)
     any_illegal = False
+    units = []
+    counts: dict = {}
     for i, p in enumerate(plans):
-        findings = check_plan(p)
+        findings = [f for f in check_plan(p) if formats.selected(f.code, sel, ign)]
+        for f in findings:
+            counts[f.code] = counts.get(f.code, 0) + 1
         legal = not any(f.is_error for f in findings)
         any_illegal |= not legal
+        if output.is_ci:
+            units.append({"file": file, "name": f"{file} call {i}", "status": "legal" if legal else "illegal",
+                          "findings": [f.to_dict() for f in findings], "error": None})
+            continue
         if output.is_quiet:
             continue
         sch = p.reference_schedule() if reference else p.schedule
-        if output.is_json:
+        if output.mode in ("json", "jsonl"):
             output.json({
+                "schema": SCHEMA_VERSIONS["metadata"],
                 "index": i,
                 "implementation": p.implementation.name if p.implementation else None,
                 "num_sm_parts": p.num_sm_parts,
@@ -169,12 +198,16 @@ def metadata(
             out.print(f"  num_splits = {shown}{more}; split requests: {sch.num_split_events} extra pieces, "
                       f"largest split row {sch.max_split_row}")
         render_findings(findings, out)
+    if output.is_ci:
+        output.write(formats.render(output.mode, units))
+    if stats and not output.is_quiet:
+        render_statistics(dict(sorted(counts.items())), out if output.mode == "human" else output.err_console)
     raise typer.Exit(EXIT_ILLEGAL if any_illegal else EXIT_LEGAL)
 
 
 @app.command()
 def check(
-    file: Optional[str] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin)."),
+    file: Optional[str] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin), or a directory: every *.yaml, *.yml, *.json, *.jsonl in it, sorted (corpus mode)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
     kernel: Optional[str] = typer.Option(None, "--kernel-gen", help=KERNEL_GEN_HELP),
     example: Optional[str] = typer.Option(None, "--example", help="Check a built-in example instead of FILE (e.g. dsv4-prefill-3x4096)."),
@@ -192,6 +225,11 @@ def check(
     server_arg: list[str] = typer.Option([], "--server-arg", help="Quick batch: engine flag KEY=VALUE (repeatable), e.g. enable_mixed_chunk=true."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when the batch is illegal (bad input still exits 2)."),
     reproduce: bool = typer.Option(False, "--reproduce", help="For slot findings, build the real buffers with PyTorch on the CPU and do the engine's index (needs torch)."),
+    output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP),
+    select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; a prefix such as SLOT selects a family). The findings are filtered after the check: the safe split still considers every rule."),
+    ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped after the check; the safe split still considers every rule."),
+    stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code."),
+    recursive: bool = typer.Option(False, "--recursive", "-r", help="Corpus mode: also the files in subdirectories."),
 ):
     """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input.
 
@@ -216,8 +254,20 @@ def check(
 
     * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
     """
-    output = Output.for_flags(as_json, quiet)
+    output = Output.for_flags(as_json, quiet, output_format)
     out = output.console
+    try:
+        sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
+    except ValueError as e:
+        output.fail(str(e))
+    if file is not None and engine is None and example is None and os.path.isdir(file):
+        if run_kernel or reproduce or across_builds:
+            output.fail("--kernel, --reproduce and --across-builds check one file, not a directory")
+        try:
+            kernel = kernel_option(kernel, output)
+        except InputError as e:
+            output.error(e)
+        raise typer.Exit(check_corpus(file, gpu, kernel, output, sel, ign, stats, exit_zero, recursive))
     try:
         kernel = kernel_option(kernel, output)
         if engine is not None:
@@ -234,6 +284,7 @@ def check(
             def run(k):
                 return check_documents(file, gpu, k)
         report, payload = run(kernel)
+        filter_findings(report, sel, ign)
         matrix = across(run, report, payload) if across_builds else None
         repro = None
         if reproduce:
@@ -244,9 +295,10 @@ def check(
 
             kernel_result = kernel_check_report(report, console=output.err_console)
     except InputError as e:
-        output.error(e)
-    if output.is_json:
-        d = report.to_dict()
+        _fail_input(output, e, name_of(file, engine, example))
+    name = name_of(file, engine, example)
+    if output.mode in ("json", "jsonl"):
+        d = {"schema": SCHEMA_VERSIONS["report"], **report.to_dict()}
         d.update(payload)
         if kernel_result is not None:
             d["kernel"] = kernel_result
@@ -254,7 +306,14 @@ def check(
             d["reproduction"] = repro
         if matrix is not None:
             d["across_builds"] = matrix
+        if stats:
+            d["statistics"] = formats.statistics([{"findings": d["findings"]}])
         output.json(d)
+    elif output.is_ci:
+        unit = report_unit(name, report)
+        output.write(formats.render(output.mode, [unit]))
+        if stats:
+            render_statistics(formats.statistics([unit]), output.err_console)
     elif not output.is_quiet:
         render_report(report, payload, out)
         if matrix is not None:
@@ -269,9 +328,117 @@ def check(
             from .kernel.check import render_kernel_result
 
             render_kernel_result(kernel_result, out)
+        if stats:
+            render_statistics(formats.statistics([{"findings": [f.to_dict() for f in report.findings]}]), out)
     if kernel_result is not None:
         raise typer.Exit(cli_kernel.check_kernel_exit_code(report.legal, kernel_result, exit_zero))
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
+
+
+def name_of(file: Optional[str], engine: Optional[str], example: Optional[str]) -> str:
+    """What the CI formats call the checked input: the file, ``example:NAME`` or ``-`` (a quick batch)."""
+    return "-" if engine is not None else ("example:" + example if example else (file or "-"))
+
+
+def _fail_input(output: Output, e: InputError, name: Optional[str]) -> None:
+    """Bad input: in the github, junit and sarif formats also one bad-input unit on stdout; then the
+    one line on stderr and exit 2."""
+    if output.is_ci and name:
+        output.write(formats.render(output.mode, [formats.bad_input_unit(name, e)]))
+    output.error(e)
+
+
+def filter_findings(report, select: list[str], ignore: list[str]) -> None:
+    """Keep only the findings of the selected rule codes (``--select`` / ``--ignore``); the verdict
+    follows them. The safe split was computed with every rule."""
+    if select or ignore:
+        report.findings = [f for f in report.findings if formats.selected(f.code, select, ignore)]
+
+
+def report_unit(name: str, report) -> dict:
+    """A checked file as a unit of the CI formats."""
+    return {"file": name, "name": name, "status": "legal" if report.legal else "illegal",
+            "findings": [f.to_dict() for f in report.findings], "error": None}
+
+
+def render_statistics(counts: dict, console) -> None:
+    """``--statistics``: findings per rule code, one line each."""
+    console.print("statistics:" if counts else "statistics: no findings")
+    for code, n in counts.items():
+        r = get_rule(code)
+        console.print(f"  {code} {n:>6}  {r.title if r else ''}".rstrip())
+
+
+CORPUS_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
+
+
+def corpus_files(directory: str, recursive: bool = False) -> list[str]:
+    """The batch and call-record files of a directory, sorted by path."""
+    found = []
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        found.extend(os.path.join(root, n) for n in names
+                     if n.lower().endswith(CORPUS_SUFFIXES) and os.path.isfile(os.path.join(root, n)))
+        if not recursive:
+            break
+    return sorted(found)
+
+
+def check_corpus(directory: str, gpu, kernel, output: Output, select: list[str], ignore: list[str],
+                 stats: bool, exit_zero: bool, recursive: bool = False) -> int:
+    """Corpus mode: check every file of ``directory``; a bad file is listed with its one-line error
+    and the others are still checked. Returns the exit code: 2 any bad input, 1 any illegal, else 0."""
+    files = corpus_files(directory, recursive)
+    if not files:
+        output.fail(f"FILE: no *.yaml, *.yml, *.json or *.jsonl files in directory {echo(directory)}")
+    units, reports = [], []
+    for path in files:
+        try:
+            report, payload = check_documents(path, gpu, kernel)
+        except InputError as e:
+            units.append(formats.bad_input_unit(path, e))
+            reports.append(None)
+            continue
+        filter_findings(report, select, ignore)
+        units.append(report_unit(path, report))
+        reports.append({"schema": SCHEMA_VERSIONS["report"], **report.to_dict(), **payload})
+    counts = formats.statistics(units)
+    if output.mode == "json":
+        doc = {"schema": SCHEMA_VERSIONS["corpus"], "directory": directory,
+               "files": [{"file": u["file"], "status": u["status"],
+                          "codes": sorted({f["code"] for f in u["findings"]}), "error": u["error"], "report": r}
+                         for u, r in zip(units, reports)],
+               "summary": {k: sum(u["status"] == k for u in units) for k in ("legal", "illegal", "bad_input")}}
+        doc["summary"]["files"] = len(units)
+        if stats:
+            doc["statistics"] = counts
+        output.json(doc, default=str)
+    elif output.mode == "jsonl":
+        output.write(formats.jsonl([r if r is not None else
+                                    {"schema": SCHEMA_VERSIONS["report"], "file": u["file"], "bad_input": True,
+                                     "error": u["error"]} for u, r in zip(units, reports)]))
+    elif output.is_ci:
+        output.write(formats.render(output.mode, units))
+        if stats:
+            render_statistics(counts, output.err_console)
+    elif not output.is_quiet:
+        out = output.console
+        t = Table("file", "verdict", "rules", title=f"{len(units)} file(s) in {directory}")
+        style = {"legal": "green", "illegal": "red", "bad_input": "yellow"}
+        for u in units:
+            rules = (u["error"] or "") if u["status"] == "bad_input" else \
+                ", ".join(sorted({f["code"] for f in u["findings"]})) or "-"
+            word = {"legal": "legal", "illegal": "ILLEGAL", "bad_input": "bad input"}[u["status"]]
+            t.add_row(Text(u["file"], no_wrap=True), Text(word, style=style[u["status"]]), Text(rules))
+        out.print(t)
+        n = {k: sum(u["status"] == k for u in units) for k in ("legal", "illegal", "bad_input")}
+        out.print(f"{len(units)} file(s): {n['legal']} legal, {n['illegal']} illegal, {n['bad_input']} bad input")
+        for u in units:
+            if u["error"]:
+                out.print(f"error: {u['file']}: {u['error']}")
+        if stats:
+            render_statistics(counts, out)
+    return formats.exit_code(units, exit_zero)
 
 
 def across(run, report, payload) -> list[dict]:
@@ -357,6 +524,20 @@ def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
     output.result(f"{r.code} - {r.title}  (severity: {r.severity})\n")
     output.result(r.doc)
     output.result(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+
+
+@app.command("schema")
+def schema_cmd(name: str = typer.Argument("report", help="report (check and bisect output), batch (the batch document) or metadata (metadata output).")):
+    """Print a JSON schema of the tool's input or output (JSON Schema 2020-12; its `$id` is the version,
+    e.g. `validate-batch/report/1`).
+
+    Example: `validate-batch schema batch > batch.schema.json`
+    """
+    output = Output()
+    try:
+        output.write(formats.schema_text(name.strip().lower()))
+    except ValueError as e:
+        output.fail(str(e))
 
 
 @app.command()

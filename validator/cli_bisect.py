@@ -6,11 +6,12 @@ from typing import List, Optional
 
 import typer
 
+from . import formats
 from .batch import parse_engine
 from .errors import InputError
 from .knowledge import resolve_gpu
 from .names import SUMMARY_SETTINGS
-from .output import EXIT_BAD_INPUT, KERNEL_GEN_HELP, Output, kernel_option  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
+from .output import EXIT_BAD_INPUT, KERNEL_GEN_HELP, OUTPUT_FORMAT_HELP, Output, kernel_option  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
 from .split_text import split_summary
 
 EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED = 0, 1
@@ -57,11 +58,12 @@ def register(app) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
         run_kernel: bool = typer.Option(False, "--kernel", help="Also run the crashing step's FlashMLA calls on a GPU (kernel mode)."),
+        output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP + "; for github, junit and sarif an explained crash is a failure"),
     ):
         from .bisect import BisectOptions, diagnose
         from .ingest import build_config, read_inputs
 
-        output = Output.for_flags(as_json, quiet)
+        output = Output.for_flags(as_json, quiet, output_format)
         err_console = output.err_console
         try:
             if log is None and dump is None:
@@ -75,16 +77,25 @@ def register(app) -> None:
                 parse_version(sglang_version)
             for e in engine:
                 parse_engine(e)
-            show = not (no_progress or quiet or as_json) and err_console.is_terminal
+            show = not (no_progress or quiet or output.mode != "human") and err_console.is_terminal
             evidence, cdump = read_inputs(log, dump, trust_pickle, window, err_console if show else None)
             cfg = build_config(evidence, cdump, launch, server_arg)
             opts = BisectOptions(sglang_version, list(engine) or None, gpu, kernel_gen, rank, run_kernel,
                                  err_console if not quiet else None)
             diag = diagnose(evidence, cfg, cdump, opts)
         except InputError as e:
+            name = log if log is not None else dump
+            if output.is_ci and name:
+                output.write(formats.render(output.mode, [formats.bad_input_unit(name, e)]))
             output.error(e)
-        if output.is_json:
-            output.json(diag.to_dict(), default=str)
+        if output.mode in ("json", "jsonl"):
+            output.json({"schema": formats.SCHEMA_VERSIONS["bisect"], **diag.to_dict()}, default=str)
+        elif output.is_ci:
+            name = log if log is not None else dump
+            ex = diag.explained
+            output.write(formats.render(output.mode, [{
+                "file": name, "name": name, "status": "illegal" if ex is not None else "legal",
+                "findings": [f for f in (ex.findings if ex is not None else [])], "error": None}]))
         elif not output.is_quiet:
             render_diagnosis(diag, output.console)
         raise typer.Exit(EXIT_EXPLAINED if diag.explained is not None else EXIT_NOTHING_ILLEGAL)

@@ -28,7 +28,9 @@ EXIT_UNAVAILABLE = 3
 EXIT_INTERNAL = 4
 
 DEBUG_ENV = "VALIDATE_BATCH_DEBUG"
-MODES = ("human", "json", "quiet")
+MODES = ("human", "json", "quiet", "jsonl", "github", "junit", "sarif")
+OUTPUT_FORMAT_HELP = ("text (default), json (one object; --json), jsonl (one object per file or call), github "
+                      "(GitHub Actions annotations), junit (JUnit XML), sarif (SARIF 2.1.0)")
 
 
 def _console(stderr: bool) -> Console:
@@ -46,9 +48,24 @@ class Output:
         self._err: Optional[Console] = None
 
     @classmethod
-    def for_flags(cls, as_json: bool = False, quiet: bool = False) -> "Output":
-        """The mode a command's ``--json`` / ``--quiet`` flags ask for (``--json`` wins)."""
-        return cls("json" if as_json else "quiet" if quiet else "human")
+    def for_flags(cls, as_json: bool = False, quiet: bool = False, output_format: Optional[str] = None) -> "Output":
+        """The mode a command's ``--json`` / ``--quiet`` / ``--output-format`` flags ask for (``--json``
+        wins, then ``--quiet``; ``text`` is ``human``). An unknown format is bad input (exit 2)."""
+        if as_json:
+            return cls("json")
+        if quiet:
+            return cls("quiet")
+        fmt = (output_format or "text").strip().lower()
+        if fmt == "text":
+            fmt = "human"
+        if fmt not in MODES or fmt == "quiet":
+            cls("human").fail(f"--output-format: expected one of text, json, jsonl, github, junit, sarif, got {output_format!r}")
+        return cls(fmt)
+
+    @property
+    def is_ci(self) -> bool:
+        """One of the per-unit CI formats: github, junit, sarif."""
+        return self.mode in ("github", "junit", "sarif")
 
     @property
     def is_json(self) -> bool:
@@ -79,6 +96,11 @@ class Output:
             self.json(obj)
         elif self.mode == "human":
             self.console.print(obj)
+
+    def write(self, text: str) -> None:
+        """Raw text on stdout (nothing when quiet)."""
+        if self.mode != "quiet":
+            sys.stdout.write(text)
 
     def json(self, obj: Any, default: Optional[Callable[[Any], Any]] = None) -> None:
         """One compact JSON document and a newline on stdout (nothing when quiet)."""

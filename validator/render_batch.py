@@ -1,11 +1,13 @@
 """Human output for engine batches: what the engine will do, what breaks, and how to split."""
 from __future__ import annotations
 
+import os
+
 from rich.console import Console
 from rich.markup import escape
 
 from .render_findings import render_findings
-from .split_text import split_lines
+from .split_text import split_lines, wrapped
 
 
 def render_batch(report, payload: dict, console: Console) -> None:
@@ -22,5 +24,6 @@ def render_batch(report, payload: dict, console: Console) -> None:
     console.print(f"verdict: {verdict}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)
     render_findings(report.findings, console)
     if report.safe_split is not None:
-        for line in split_lines(report.safe_split.to_dict()):
+        width = console.width if console.is_terminal or os.environ.get("COLUMNS") else None
+        for line in wrapped(split_lines(report.safe_split.to_dict()), width):
             console.print(line)

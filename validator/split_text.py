@@ -4,6 +4,8 @@ Works on :meth:`validator.split.SafeSplit.to_dict` (what reports and diagnoses c
 """
 from __future__ import annotations
 
+import textwrap
+
 
 def piece(c: dict) -> str:
     """One request's part of a chunked step: ``id[start:end]``, or the id of a merged decode."""
@@ -20,6 +22,33 @@ def abbreviated(items: list, unit: str, most: int = 4) -> str:
     return f"{len(items)} {unit} ({items[0]} .. {items[-1]})"
 
 
+STEP_MOST = 8
+
+
+def step_items(items: list, unit: str = "requests", most: int = STEP_MOST) -> str:
+    """One step's requests: ``a, b, c`` or, for more than ``most``, ``first..last (N unit)``."""
+    items = [str(x) for x in items]
+    if len(items) <= most:
+        return ", ".join(items)
+    return f"{items[0]}..{items[-1]} ({len(items)} {unit})"
+
+
+def wrapped(lines: list[str], width: int | None) -> list[str]:
+    """Lines cut at word boundaries to ``width`` columns, continuation lines indented two more than
+    the line; unchanged when ``width`` is None."""
+    if not width or width < 20:
+        return list(lines)
+    out = []
+    for line in lines:
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip()) + 2)
+        out.extend(textwrap.wrap(line, width=width, subsequent_indent=indent, break_long_words=False,
+                                 break_on_hyphens=False) or [line])
+    return out
+
+
 def split_lines(sp: dict) -> list[str]:
     """The whole account: steps, chunked steps, the naive guard, the settings that prevent it."""
     lines = ["safe split:"]
@@ -29,12 +58,12 @@ def split_lines(sp: dict) -> list[str]:
         steps, chunked = sp.get("steps"), sp.get("chunked_steps")
         if steps is not None:
             lines.append(f"  {len(steps)} step(s), whole requests in order:")
-            lines.extend(f"    step {i}: {', '.join(map(str, st))}" for i, st in enumerate(steps, 1))
+            lines.extend(f"    step {i}: {step_items(st)}" for i, st in enumerate(steps, 1))
         elif sp.get("unchunked_reason"):
             lines.append(f"  without chunking: impossible - {sp['unchunked_reason']}")
         if chunked is not None:
             lines.append(f"  {len(chunked)} step(s) with chunked prefill:")
-            lines.extend(f"    step {i}: {', '.join(piece(c) for c in st)}" for i, st in enumerate(chunked, 1))
+            lines.extend(f"    step {i}: {step_items([piece(c) for c in st], 'pieces')}" for i, st in enumerate(chunked, 1))
     nv = sp.get("naive_guard")
     if nv is not None:
         tail = (f"still crashes: {', '.join(nv['illegal_steps'])} alone break(s) the limit" if nv["crashes"]
