@@ -291,6 +291,17 @@ def tensor(values, dtype=None):
 '''
 
 
+@pytest.fixture(autouse=True)
+def _no_fake_torch_left_behind():
+    """A fake torch imported by a test must not stay in sys.modules for the tests after it."""
+    before = {k: v for k, v in sys.modules.items() if k == "torch" or k.startswith("torch.")}
+    yield
+    for k in [k for k in sys.modules if k == "torch" or k.startswith("torch.")]:
+        if k not in before:
+            del sys.modules[k]
+    sys.modules.update(before)
+
+
 def fake_torch(tmp_path: Path, source: str) -> Path:
     root = tmp_path / "fake_torch"
     (root / "torch").mkdir(parents=True)
