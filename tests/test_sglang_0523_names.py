@@ -105,3 +105,18 @@ def test_a_struct_like_object_with_struct_fields_is_read():
     guard = validator.Checker(engine="sglang-dsv4@pre-25418", server_args=StructLike())
     assert guard.draft_tokens == 4
     assert not guard.verdict("target_verify", seq_lens=[100] * 3000)
+
+
+class NextBatchPlan:                # 0.5.23's get_next_batch_to_run() result (a msgspec Struct there)
+    def __init__(self, batch_to_run, running_batch):
+        self.batch_to_run, self.running_batch = batch_to_run, running_batch
+
+
+def test_a_next_batch_plan_is_checked_by_the_batch_it_runs():
+    guard = validator.Checker(engine="sglang-dsv4@pre-25418")
+    running = Batch(ForwardMode.DECODE, [Req("d", 1, 1)])
+    ok = NextBatchPlan(Batch(ForwardMode.EXTEND, [Req("a", LIMIT, 1)]), running)
+    bad = NextBatchPlan(Batch(ForwardMode.EXTEND, [Req("a", LIMIT + 1, 1)]), running)
+    assert guard.verdict(ok) and not guard.verdict(bad)
+    assert not guard.check(bad).legal and guard.check(ok).legal
+    assert guard.verdict(NextBatchPlan(None, running))          # nothing to run this step

@@ -277,8 +277,19 @@ def _vllm_fast(out: Any, checker) -> tuple | None:
 
 
 # ----------------------------------------------------------------------------------- dispatch
+def _planned_batch(obj: Any) -> Any:
+    """The batch an SGLang ``NextBatchPlan`` (what 0.5.23's ``get_next_batch_to_run`` returns) will
+    run: its ``batch_to_run`` (None: nothing runs). Anything else as it is."""
+    if hasattr(obj, "batch_to_run") and hasattr(obj, "running_batch") and not hasattr(obj, "reqs"):
+        return obj.batch_to_run
+    return obj
+
+
 def step_lists(obj: Any, checker) -> dict | None:
     """An engine object's step as ``Checker`` keyword arguments; None when nothing runs."""
+    obj = _planned_batch(obj)
+    if obj is None:
+        return None
     if is_sglang_batch(obj):
         return sglang_lists(obj, checker)
     if is_vllm_output(obj):
@@ -289,6 +300,9 @@ def step_lists(obj: Any, checker) -> dict | None:
 
 def fast_step(obj: Any, checker) -> tuple | None:
     """``(forward mode, query rows, largest slot)`` of an engine object, read as cheaply as possible."""
+    obj = _planned_batch(obj)
+    if obj is None:
+        return None
     if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):
         return _sglang_fast(obj, checker)
     if is_vllm_output(obj):
