@@ -20,7 +20,7 @@ from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .formats import SCHEMA_VERSIONS
-from .inputs import load_documents
+from .inputs import example_path, load_documents
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
 from .limits import echo
 from .output import (  # noqa: F401 (the exit codes)
@@ -92,18 +92,6 @@ def _root(
 GPU_HELP = "GPU profile name (H100-SXM, H800, H20, H200, B200, GB200, ...) or raw numbers 'num_sms=132,cc=9.0,smem_optin=232448'. Overrides a device header in the input."
 
 
-def _example_path(name: str) -> str:
-    from importlib import resources
-
-    base = resources.files("rules").joinpath("examples")
-    names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
-    for ext in (".json", ".yaml", ".jsonl"):
-        cand = base.joinpath(name + ext)
-        if name in names and cand.is_file():
-            return str(cand)
-    raise InputError("--example", f"unknown example {echo(name)}; built-in examples: {', '.join(names)}")
-
-
 @app.command()
 def metadata(
     file: str = typer.Argument(..., help="Call record(s): a JSON object, a JSON array, or JSON Lines ('-' = stdin). A first line with only device fields is a device header."),
@@ -130,8 +118,8 @@ def metadata(
     out = output.console
     try:
         sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
-    except ValueError as e:
-        output.fail(str(e))
+    except InputError as e:
+        output.error(e)
     try:
         kernel = kernel_option(kernel, output)
         docs, g = split_device_header(load_documents(file), gpu)
@@ -258,8 +246,8 @@ def check(
     out = output.console
     try:
         sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
-    except ValueError as e:
-        output.fail(str(e))
+    except InputError as e:
+        output.error(e)
     if file is not None and engine is None and example is None and os.path.isdir(file):
         if run_kernel or reproduce or across_builds:
             output.fail("--kernel, --reproduce and --across-builds check one file, not a directory")
@@ -277,7 +265,7 @@ def check(
                 return check_batch_document(doc, gpu=gpu, kernel=k)
         else:
             if example:
-                file = _example_path(example)
+                file = example_path(example)
             if file is None:
                 raise InputError("FILE", "give a file, '-' for stdin, --example NAME, or a quick batch with --engine")
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import List, Optional
 
@@ -10,7 +9,7 @@ import typer
 from rich.text import Text
 
 from .errors import InputError
-from .inputs import load_documents
+from .inputs import example_path, load_documents
 from .legality_map import (
     AXES,
     IMAGE_FORMATS,
@@ -22,7 +21,6 @@ from .legality_map import (
     save_image,
     source_from_documents,
 )
-from .limits import echo
 from .output import KERNEL_GEN_HELP, Output, kernel_option
 from .quick import batch_doc_from_flags
 
@@ -51,16 +49,6 @@ Exit codes: 0 map written, 2 bad input, 4 internal error.
 """
 
 GLYPH = {"legal": (".", "green"), "fallback": ("~", "yellow"), "illegal": ("X", "red")}
-
-
-def _example_file(name: str) -> str:
-    base = resources.files("rules").joinpath("examples")
-    names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
-    for ext in (".json", ".yaml", ".jsonl"):
-        cand = base.joinpath(name + ext)
-        if name in names and cand.is_file():
-            return str(cand)
-    raise InputError("--example", f"unknown example {echo(name)}; built-in examples: {', '.join(names)}")
 
 
 def _point(text: Optional[str]) -> Optional[tuple]:
@@ -150,7 +138,7 @@ def register(app) -> None:
                 src = engine_source(engine, doc["server_args"], gpu)
             else:
                 if example:
-                    file = _example_file(example)
+                    file = example_path(example)
                 if file is None:
                     raise InputError("FILE", "give a batch file, '-' for stdin, --example NAME, or --engine PROFILE")
                 src = source_from_documents(load_documents(file), gpu)

@@ -14,6 +14,7 @@ from importlib import resources
 from xml.sax.saxutils import escape as xml_escape
 from xml.sax.saxutils import quoteattr
 
+from .errors import InputError
 from .ruleset import all_rules, get_rule
 
 FORMATS = ("text", "json", "jsonl", "github", "junit", "sarif")
@@ -38,7 +39,7 @@ SARIF_LEVELS = {"error": "error", "warning": "warning", "info": "note"}
 # ----------------------------------------------------------------------------------- selection
 def parse_codes(value: str | None, option: str) -> list[str]:
     """``--select`` / ``--ignore``: comma-separated codes or prefixes (``SLOT``); each must match a
-    known rule code, else ValueError naming it."""
+    known rule code, else an InputError naming the option."""
     if not value:
         return []
     known = [r.code for r in all_rules()]
@@ -48,7 +49,7 @@ def parse_codes(value: str | None, option: str) -> list[str]:
         if not c:
             continue
         if not any(k.startswith(c) for k in known):
-            raise ValueError(f"{option}: unknown rule code {raw.strip()!r}; known: {', '.join(known)}")
+            raise InputError(option, f"unknown rule code {raw.strip()!r}; known: {', '.join(known)}")
         out.append(c)
     return out
 

@@ -184,3 +184,17 @@ def is_device_header(doc: Any) -> bool:
 def load_documents(path: str) -> list[Any]:
     text, name = read_text(path)
     return parse_documents(text, name)
+
+
+def example_path(name: str) -> str:
+    """The file of a built-in example (``rules/examples/NAME.{json,yaml,jsonl}``); InputError naming
+    ``--example`` and the known names otherwise."""
+    from importlib import resources
+
+    base = resources.files("rules").joinpath("examples")
+    names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
+    for ext in (".json", ".yaml", ".jsonl"):
+        cand = base.joinpath(name + ext)
+        if name in names and cand.is_file():
+            return str(cand)
+    raise InputError("--example", f"unknown example {echo(name)}; built-in examples: {', '.join(names)}")

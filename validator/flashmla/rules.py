@@ -47,7 +47,7 @@ def sched_smem(p: Plan):
     limit does not depend on s_q, h_q, topk, or dense versus sparse.
 
     ## Why it crashes
-    ``cudaFuncSetAttribute(MaxDynamicSharedMemorySize)`` fails with ``invalid argument``; FlashMLA's
+    Raising the scheduling kernel's dynamic shared-memory limit fails with ``invalid argument``; FlashMLA's
     error check prints ``CUDA error (.../get_decoding_sched_meta.cu:111): invalid argument`` and calls
     ``exit(1)``. No Python exception: the whole serving process dies.
 
@@ -200,7 +200,7 @@ def topk_alignment(p: Plan):
     ``extra_topk = 100`` in a measurement); SM100's head64 kernel also requires ``extra_topk``.
 
     ## Why it crashes
-    A host-side assertion (``params.topk % TOPK_BLOCK_SIZE == 0``) fails and the process dies with
+    A host-side assertion that topk is a multiple of the top-k block fails and the process dies with
     SIGSEGV - no Python exception.
 
     ## Example
@@ -674,8 +674,8 @@ def static_batch(p: Plan):
     have a fixed size: b <= 4095.
 
     ## Why it crashes
-    ``Assertion failed (.../dense_fp8/flash_fwd_mla_metadata.cu:74): params.batch_size <
-    MaxBatchSize`` and the process exits with code 1.
+    The scheduler's assertion that the batch fits its static arrays fails (reported at
+    ``dense_fp8/flash_fwd_mla_metadata.cu:74``) and the process exits with code 1.
 
     ## Example
     ``{"kind": "dense_fp8", "b": 4096, "s_q": 1, "h_q": 128, "seqlens": [...]}``.

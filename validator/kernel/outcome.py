@@ -145,6 +145,11 @@ def _check_type(obj: dict, key: str, types: tuple, what: str) -> None:
         raise MalformedResult(f"{what}{key} is {type(obj[key]).__name__} {_short(obj[key])}")
 
 
+def _check_ints(values: list, what: str) -> None:
+    for j, v in enumerate(values):
+        _check_int(v, f"{what}[{j}]")
+
+
 def check_report_data(obj: dict, where: str = "result") -> None:
     """Raise :class:`MalformedResult` unless the fields the parent reads from a child's ``result`` or
     ``partial`` object have their shape, types and ranges: ``tile_scheduler_metadata`` a list of at most
@@ -163,16 +168,14 @@ def check_report_data(obj: dict, where: str = "result") -> None:
             if len(row) != METADATA_WIDTH:
                 raise MalformedResult(f"{where} tile_scheduler_metadata row {i} has {len(row)} values "
                                       f"({METADATA_WIDTH} expected)")
-            for j, v in enumerate(row):
-                _check_int(v, f"{where} tile_scheduler_metadata[{i}][{j}]")
+            _check_ints(row, f"{where} tile_scheduler_metadata[{i}]")
     ns = obj.get("num_splits")
     if ns is not None:
         if not isinstance(ns, list):
             raise MalformedResult(f"{where} num_splits is {type(ns).__name__}, not a list")
         if len(ns) > MAX_SPLITS:
             raise MalformedResult(f"{where} num_splits has {len(ns)} values (at most {MAX_SPLITS})")
-        for i, v in enumerate(ns):
-            _check_int(v, f"{where} num_splits[{i}]")
+        _check_ints(ns, f"{where} num_splits")
     if obj.get("num_sm_parts") is not None:
         _check_int(obj["num_sm_parts"], f"{where} num_sm_parts", 0, MAX_PARTS)
     _check_type(obj, "use_legacy", (bool,), f"{where} ")
