@@ -267,3 +267,14 @@ def test_hoisted_op_runs_alone_past_every_attention_limit():
         _, parts, total = r["message"].split()
         p = rep.plans[0]
         assert (p.num_sm_parts, p.schedule.total_splits) == (int(parts), int(total))
+
+
+def test_every_build_resolves_without_a_call():
+    # what `generation(NAME)` answers when no call says which kernels: a generation of that build
+    from validator.knowledge import build, generation
+
+    for name in build_names():
+        gen = generation(name)
+        kernels = build(name)["kernels"]
+        names = {v for k in kernels.values() for v in (k.values() if isinstance(k, dict) else [k])}
+        assert gen["build"] == name and gen["name"] in names

@@ -25,10 +25,6 @@ class EngineSetup:
     versions: tuple                     # (profile, version label) in profile order
     parts: tuple
 
-    def part(self, name: str):
-        """The configuration part of one profile (None when the batch does not use it)."""
-        return next((s for p, _, s in self.parts if p.name == name), None)
-
     @property
     def profiles(self) -> tuple:
         return tuple(p for p, _, _ in self.parts)

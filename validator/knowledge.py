@@ -156,7 +156,8 @@ def generation_name(name: str | None, path: str | None = None, use_legacy: bool 
     if "*" in kernels:
         return kernels["*"]
     if path is None:            # the build's first kernel stands for it
-        return next(iter(kernels.values()))
+        first = next(iter(kernels.values()))
+        return next(iter(first.values())) if isinstance(first, dict) else first
     raise InputError("kernel", f"build {b['name']} has no kernel for {path} calls (it has: {', '.join(kernels)})")
 
 
