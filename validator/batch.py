@@ -26,7 +26,7 @@ from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
 from .limits import echo
-from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, normalize_setting
+from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, check_server_arg
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,9 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         raise InputError("server_args", f"expected an object of engine flags, got {echo(sa_raw)}")
     sa: dict[str, Any] = {}
     for k, v in sa_raw.items():
-        key = normalize_setting(str(k))
+        if not isinstance(k, str):
+            raise InputError("server_args", f"expected setting names as keys, got {echo(k)}")
+        key = check_server_arg(k, f"server_args.{k}")
         typ = BATCH_SETTINGS.get(key)
         if typ is not None:
             types = typ if isinstance(typ, tuple) else (typ,)

@@ -47,7 +47,7 @@ from .flashmla.calls import MAX_ROWS
 from .flashmla.schedule import WalkMemo
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
-from .names import BATCH_SETTINGS, normalize_setting, parse_mode
+from .names import BATCH_SETTINGS, check_server_arg, normalize_setting, parse_mode
 from .pipeline import check_engine_batch
 from .report import Report
 from .ruleset import STATE as RULES
@@ -122,6 +122,10 @@ def _server_args(server_args: Any) -> dict:
         return {}
     if isinstance(server_args, Mapping):
         items = server_args.items()
+        for k in server_args:
+            if not isinstance(k, str):
+                raise InputError("server_args", f"expected setting names as keys, got {echo(k)}")
+            check_server_arg(k, f"server_args.{k}")
     else:
         struct_fields = getattr(type(server_args), "__struct_fields__", None)   # a msgspec Struct (SGLang 0.5.23)
         fields = getattr(server_args, "__dict__", None)

@@ -5,6 +5,7 @@ takes it from here; nothing else keeps a list of them.
 """
 from __future__ import annotations
 
+from difflib import get_close_matches
 from types import MappingProxyType
 from typing import Any
 
@@ -80,3 +81,40 @@ def parse_mode(forward_mode: Any) -> str | None:
         if m != "?":
             return m
     raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)} or idle, got {echo(forward_mode)}")
+
+
+# ----------------------------------------------------------------------------------- server-argument names
+def _engine_arg_names() -> frozenset:
+    names = set(SETTINGS) | set(SETTING_ALIASES)
+    for rec in load("engine_args")["engines"].values():
+        names.update(rec["names"])
+    return frozenset(names)
+
+
+_KNOWN_ARGS: frozenset | None = None
+
+
+def known_server_args() -> frozenset:
+    """Every server-argument name accepted in ``server_args``: the settings table, its aliases, and the
+    engines' own argument names per release (``rules/engine_args.json``)."""
+    global _KNOWN_ARGS
+    if _KNOWN_ARGS is None:
+        _KNOWN_ARGS = _engine_arg_names()
+    return _KNOWN_ARGS
+
+
+def check_server_arg(key: str, where: str) -> str:
+    """Normalize a server-argument name; an unknown one (a typo such as ``chunked_prefil_size``) is an
+    :class:`InputError` naming the field and the closest known names. Returns the normalized name."""
+    norm = normalize_setting(key)
+    raw = key.strip().lstrip("-").replace("-", "_")
+    known = known_server_args()
+    if norm in known or raw in known:
+        return norm
+    read = sorted(k for k in SETTINGS if "batch" in SETTINGS[k]["used_by"])
+    close = get_close_matches(raw, read, n=2, cutoff=0.75) or get_close_matches(raw, sorted(known), n=2, cutoff=0.8)
+    hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else \
+        f" (the settings read are: {', '.join(read)})"
+    releases = ", ".join(load("engine_args")["engines"])
+    raise InputError(where, f"unknown server argument {echo(raw)}: not a setting of any known engine release "
+                            f"({releases}){hint}")

@@ -7,6 +7,7 @@ from typing import Any
 from .errors import InputError
 from .fields import MAX_REQUESTS
 from .limits import echo, parse_int
+from .names import check_server_arg
 
 _INT_TEXT = re.compile(r"\s*[-+]?[0-9_]+\s*")
 
@@ -64,7 +65,7 @@ def batch_doc_from_flags(engine: str, mode: str, extend: str | None, prefix: str
         k, eq, v = item.partition("=")
         if not eq or not k.strip():
             raise InputError("--server-arg", f"expected KEY=VALUE, got {echo(item)}")
-        sa[k.strip().lstrip("-").replace("-", "_")] = _value(v)
+        sa[check_server_arg(k, "--server-arg")] = _value(v)
     reqs: list[dict] = []
     if not 0 <= decodes <= MAX_REQUESTS:
         raise InputError("--decode", f"expected 0..{MAX_REQUESTS} requests, got {echo(decodes)}")

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
 from ..limits import echo
-from ..names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, normalize_setting
+from ..names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, check_server_arg, normalize_setting
 from .reprparse import Call, parse_call_at, scalar
 
 LAUNCH_MARKERS = (
@@ -135,8 +135,10 @@ def parse_server_arg_overrides(items: Iterable[str]) -> dict[str, Any]:
         if not eq or not key.strip():
             raise InputError("--server-arg", f"expected KEY=VALUE (e.g. chunked_prefill_size=8192), got {echo(it)}")
         try:
-            out[normalize_setting(key)] = coerce(val)
+            out[check_server_arg(key, "--server-arg")] = coerce(val)
         except InputError as e:
+            if e.field == "--server-arg":
+                raise
             raise InputError("--server-arg", f"{echo(key.strip())}: {e.message}") from None
     return out
 
