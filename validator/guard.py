@@ -47,6 +47,7 @@ from .flashmla.calls import MAX_ROWS
 from .flashmla.schedule import WalkMemo
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
+from .limits import echo
 from .names import BATCH_SETTINGS, check_server_arg, normalize_setting, parse_mode
 from .pipeline import check_engine_batch
 from .report import Report
