@@ -193,6 +193,7 @@ class Batch:
     buffers: tuple = ()
     label: str = ""
     kernel_build: str | None = None    # the FlashMLA build it runs on (None: the engine version's)
+    notes: tuple = ()                  # how the input was read as the engine runs it
 
     def arg(self, name: str, default: Any = None) -> Any:
         v = self.server_args.get(name)
@@ -350,6 +351,12 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     mode = MODE_ALIASES.get(mode.lower(), mode.lower())
     if mode not in FORWARD_MODES:
         raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {echo(doc.get('forward_mode'))}")
+    notes: tuple = ()
+    spec = speculative_algorithm(sa)
+    if mode == "decode" and spec is not None:
+        mode = "target_verify"
+        notes = (f"forward_mode decode runs as target_verify: with speculative_algorithm {spec} the engine verifies "
+                 f"every decode step on the target model (batch size x speculative_num_draft_tokens rows)",)
     reqs_raw = doc.get("requests")
     if not isinstance(reqs_raw, list) or not reqs_raw:
         raise InputError("requests", "expected a non-empty list of requests in this forward")
@@ -401,7 +408,17 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         if not isinstance(kb, str):
             raise InputError("kernel_build", f"expected a FlashMLA build name, got {echo(kb)}")
         kb = build(kb)["name"]
-    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label), kb)
+    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label), kb, notes)
+
+
+def speculative_algorithm(server_args: Mapping[str, Any]) -> str | None:
+    """The speculative-decoding algorithm the settings turn on (None: off). SGLang's scheduler keeps
+    a speculative decode step's forward mode DECODE; its speculative worker runs the target model's
+    verify forward over every draft token."""
+    alg = server_args.get("speculative_algorithm")
+    if alg is None or not isinstance(alg, str) or alg.strip().upper() in ("", "NONE", "NULL"):
+        return None
+    return alg.strip()
 
 
 def is_batch_document(doc: Any) -> bool:

@@ -107,6 +107,7 @@ def evaluate(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSe
     report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
                                                              "requests": len(batch.requests),
                                                              "running": len(batch.running)},
-                                  "kernel_build": setup.kernel_build, **bp.to_dict()})
+                                  "kernel_build": setup.kernel_build, **bp.to_dict(),
+                                  **({"notes": list(batch.notes)} if batch.notes else {})})
     report.batch_plan = bp
     return report

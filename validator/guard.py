@@ -29,6 +29,7 @@ import numpy as np
 from . import adapters
 from .batch import Batch, RequestColumns, batch_from_dict, default_profile, is_batch_document
 from .bounds import derive_bounds
+from .chunking import engine_steps
 from .errors import BatchIllegalError, InputError
 from .evaluate import engine_setup
 from .fields import (
@@ -49,7 +50,7 @@ from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .limits import echo
 from .names import BATCH_SETTINGS, check_server_arg, normalize_setting, parse_mode
-from .pipeline import check_engine_batch
+from .pipeline import check_batch, check_engine_batch
 from .report import Report
 from .ruleset import STATE as RULES
 
@@ -187,7 +188,7 @@ class Checker:
             doc["kernel_build"] = kernel
         tmpl = batch_from_dict(doc, gpu)
         self._template = replace(tmpl, server_args=MappingProxyType(dict(tmpl.server_args)),
-                                 model=MappingProxyType(dict(tmpl.model)), label="")
+                                 model=MappingProxyType(dict(tmpl.model)), label="", notes=())
         self.kernel = kernel
         self.schedule_memo = WalkMemo()  # this checker's reusable schedule walks (bounded, locked)
         self.split = split
@@ -450,7 +451,10 @@ class Checker:
         if isinstance(step, Batch):
             return check_engine_batch(step, kernel=self.kernel, split=self.split, memo=self.schedule_memo)
         if is_batch_document(step):
-            return check_engine_batch(batch_from_dict(self._complete(step)), kernel=self.kernel, split=self.split, memo=self.schedule_memo)
+            b = batch_from_dict(self._complete(step))
+            if engine_steps(b) is not None:      # more new tokens than one chunk: the engine's steps
+                return check_batch(b, kernel=self.kernel, split=self.split)
+            return check_engine_batch(b, kernel=self.kernel, split=self.split, memo=self.schedule_memo)
         lists = adapters.step_lists(step, self)
         if lists is None:
             return _idle_report()

@@ -10,6 +10,7 @@ from typing import Any
 
 from .batch import Batch, batch_from_dict
 from .bounds import StepBounds, derive_bounds
+from .chunking import chunk_budget, engine_steps
 from .evaluate import EngineSetup, engine_setup, evaluate
 from .knowledge import resolve_gpu
 from .report import Report
@@ -39,12 +40,36 @@ def check_engine_batch(batch: Batch, kernel: str | None = None, split: bool = Tr
     return report
 
 
-def check_batch(obj: Any, gpu: Any = None, kernel: str | None = None, split: bool = True) -> Report:
-    """Check an engine batch (a :class:`Batch` or a batch document) and return a Report."""
+def check_batch(obj: Any, gpu: Any = None, kernel: str | None = None, split: bool = True,
+                chunk: bool = True) -> Report:
+    """Check an engine batch (a :class:`Batch` or a batch document) and return a Report.
+
+    A forward the engine would chunk (more new tokens than its ``chunked_prefill_size``) is checked
+    as the steps the engine runs (:func:`validator.chunking.engine_steps`): the report is the first
+    illegal step's (else the one with the most query rows), and its ``engine_steps`` context lists
+    every step with its verdict. ``chunk=False``: the forward is what the engine ran (a logged
+    step), checked as it is."""
     b = obj if isinstance(obj, Batch) else batch_from_dict(obj, gpu)
     if gpu is not None and isinstance(obj, Batch):
         b = replace(b, gpu=resolve_gpu(gpu))
-    return check_engine_batch(b, kernel=kernel, split=split)
+    steps = engine_steps(b) if chunk else None
+    if steps is None:
+        return check_engine_batch(b, kernel=kernel, split=split)
+    setup = engine_setup(b, kernel)
+    reports = [check_engine_batch(st.batch, kernel=kernel, split=split, setup=setup) for st in steps]
+    rows = [r.context.get("query_rows") for r in reports]
+    shown = next((i for i, r in enumerate(reports) if not r.legal), None)
+    if shown is None:
+        shown = max(range(len(reports)), key=lambda i: rows[i] or 0)
+    size, page, spec = chunk_budget(b)
+    report = reports[shown]
+    report.context = {**report.context, "engine_steps": {
+        "setting": spec["setting"], "chunk_size": size, "page_size": page, "shown_step": shown + 1,
+        "requested_extend_tokens": sum(r.extend_tokens for r in b.requests if not r.is_decode),
+        "source": spec["source"],
+        "steps": [{"step": i + 1, "pieces": list(st.pieces), "query_rows": rows[i], "legal": r.legal,
+                   "codes": r.codes} for i, (st, r) in enumerate(zip(steps, reports))]}}
+    return report
 
 
 def check_batch_document(doc: Any, gpu: Any = None, kernel: str | None = None) -> tuple[Report, dict]:

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .render_findings import render_findings
-from .split_text import split_lines, wrapped
+from .split_text import piece, split_lines, step_items, wrapped
 
 
 def render_batch(report, payload: dict, console: Console) -> None:
@@ -16,6 +16,17 @@ def render_batch(report, payload: dict, console: Console) -> None:
     eng = ", ".join(f"{k}@{v}" for k, v in bp.versions.items())
     console.print(f"batch: {escape(b.label) + ' - ' if b.label else ''}{b.forward_mode} forward, "
                   f"{len(b.requests)} request(s), {len(b.running)} running elsewhere; {eng} on {b.gpu.name}")
+    for note in payload.get("notes") or ():
+        console.print(f"  note: {escape(note)}")
+    es = payload.get("engine_steps")
+    if es:
+        console.print(f"  as the engine runs it: {es['setting']} {es['chunk_size']} cuts the "
+                      f"{es['requested_extend_tokens']} new tokens into {len(es['steps'])} steps; each is checked:")
+        for st in es["steps"]:
+            mark = "legal" if st["legal"] else "ILLEGAL " + ", ".join(st["codes"])
+            shown = "  <- shown below" if st["step"] == es["shown_step"] else ""
+            console.print(f"    step {st['step']}: {escape(step_items([piece(c) for c in st['pieces']], 'pieces'))} - "
+                          f"{st['query_rows']} rows - {mark}{shown}")
     for prof in bp.profiles:
         for line in prof.summary_lines(bp):
             console.print(line)

@@ -25,6 +25,7 @@ class BisectChecker:
             kw["gpu"] = self.gpu
         if "engine" in doc:
             kw["split"] = split
+            kw["chunk"] = False     # a logged step is what the engine ran: never re-chunked
         return check(doc, **kw)
 
 

@@ -239,12 +239,15 @@ class Dsv4Profile(Profile):
         if mode in ROUTABLE_MODES:
             if batch.arg("enable_mixed_chunk", False) or mode == "mixed":
                 R = int(batch.arg("max_running_requests") or len(batch.running) or 0)
-                out.append({"flag": "--chunked-prefill-size", "value": L - R,
-                            "why": f"with mixed chunking up to {R} running decodes join each prefill: {L} - {R}"})
+                cap = {"flag": "--chunked-prefill-size", "value": L - R,
+                       "why": f"with mixed chunking up to {R} running decodes join each prefill: {L} - {R}"}
             else:
-                out.append({"flag": "--chunked-prefill-size", "value": L,
-                            "why": f"bounds the query rows of every extend forward to the decode kernel's {L}"})
-            out.append({"flag": "--max-prefill-tokens", "value": L, "why": "keeps a prefill batch's new tokens within the limit"})
+                cap = {"flag": "--chunked-prefill-size", "value": L,
+                       "why": f"bounds the query rows of every extend forward to the decode kernel's {L}"}
+            out.extend(_within_configured(batch, cap, "chunked_prefill_size"))
+            out.extend(_within_configured(batch, {"flag": "--max-prefill-tokens", "value": L,
+                                                  "why": "keeps a prefill batch's new tokens within the limit"},
+                                          "max_prefill_tokens"))
             thr = bp.routing.get("threshold")
             if thr is not None:
                 out.append({"flag": "(engine)", "value": f"route at > {L} rows instead of > {thr}",
@@ -279,6 +282,15 @@ class Dsv4Profile(Profile):
             extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""
             lines.append(f"    {c.name}: {c.kernel} {c.call.summary()}{extra}")
         return lines
+
+
+def _within_configured(batch: Batch, advice: dict, setting: str) -> list[dict]:
+    """A cap on a setting, never above what is configured: nothing when the configured value is
+    already at or below the cap (raising it would not help)."""
+    have = batch.arg(setting)
+    if isinstance(have, int) and not isinstance(have, bool) and 0 < have <= advice["value"]:
+        return []
+    return [advice]
 
 
 PROFILE = Dsv4Profile()

@@ -71,9 +71,19 @@ def decode_kernel_rows(bp):
         f"({parts}); {why}",
         subject=f"{mode} forward of {len(bp.batch.requests)} request(s)",
         numbers={"query_rows": T, "max_rows": L, "threshold": thr, **bp.row_breakdown},
-        fix=f"split the forward (see safe_split) or cap --chunked-prefill-size at {L}"
-            + (" minus merged decodes" if bp.batch.mixed else ""),
+        fix=_fix_rows(bp.batch, L),
     )]
+
+
+def _fix_rows(batch, L: int) -> str:
+    """The fix of SGL001: split, and a chunk cap only where it lowers the configured one."""
+    cap = L - (len(batch.running) if batch.mixed else 0)
+    have = batch.arg("chunked_prefill_size")
+    if batch.forward_mode not in ("extend", "mixed") or (
+            isinstance(have, int) and not isinstance(have, bool) and 0 < have <= cap):
+        return "split the forward (see safe_split)"
+    return f"split the forward (see safe_split) or cap --chunked-prefill-size at {L}" + (
+        " minus merged decodes" if batch.mixed else "")
 
 
 @rule("SGL002", scope="batch", reads="rows")
