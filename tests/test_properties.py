@@ -92,7 +92,8 @@ def expected_legal(cfg: str, mode: str, kw: dict) -> bool:
     thr = THRESHOLDS[cfg]
     rows_ok = rows >= 1 and (4 * (5 * rows + 1) <= SMEM or (mode in ("extend", "mixed") and thr is not None
                                                              and rows > thr))
-    slots_ok = cfg not in MAX_SLOT or all(s <= MAX_SLOT[cfg] for s in kw.get("req_pool_indices") or [])
+    # live slots are 1 .. MAX_SLOT: row 0 of the request table is the reserved padding row
+    slots_ok = cfg not in MAX_SLOT or all(1 <= s <= MAX_SLOT[cfg] for s in kw.get("req_pool_indices") or [])
     return rows_ok and slots_ok
 
 

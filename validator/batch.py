@@ -40,6 +40,7 @@ class Request:
     req_pool_idx: int | None = None
     dp_rank: int = 0
     is_decode: bool = False      # a decode-style entry (one row, or draft tokens when verifying)
+    global_slot: int | None = None   # the slot numbered across all DP ranks (req_pool_idx is the rank's own)
 
     @property
     def context_len(self) -> int:
@@ -246,6 +247,8 @@ def _req_doc(r: Request) -> dict:
         d["req_pool_idx"] = r.req_pool_idx
     if r.dp_rank:
         d["dp_rank"] = r.dp_rank
+    if r.global_slot is not None:
+        d["global_slot"] = r.global_slot
     return d
 
 
@@ -257,7 +260,7 @@ MODEL_KEYS: dict[str, tuple[type, int]] = {
 BUFFER_KEYS = {"name", "rows", "rows_from", "plus", "scope", "indexed_by"}
 
 REQUEST_KEYS = {"id", "rid", "extend_tokens", "extend_len", "new_tokens", "prefix_len", "cached_tokens",
-                "seq_len", "req_pool_idx", "slot", "dp_rank", "kind", "output_len"}
+                "seq_len", "req_pool_idx", "slot", "global_slot", "dp_rank", "kind", "output_len"}
 
 
 def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Request:
@@ -284,7 +287,8 @@ def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Reque
             raise InputError(f"{where}.seq_len", "missing (a decode entry needs its current sequence length)")
     slot = int_field(d, "req_pool_idx" if "req_pool_idx" in d else "slot", where, 0, MAX_POSITION, None)
     dp_rank = int_field(d, "dp_rank", where, 0, 4096, 0)
-    return Request(str(rid), extend, prefix, seq_len, slot, dp_rank, is_decode)
+    gslot = int_field(d, "global_slot", where, 0, MAX_POSITION, None)
+    return Request(str(rid), extend, prefix, seq_len, slot, dp_rank, is_decode, gslot)
 
 
 def default_profile() -> str:

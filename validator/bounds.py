@@ -81,8 +81,8 @@ class StepBounds:
         """Legality from the row count and the largest slot; None when only the full check can tell."""
         if not self.complete:
             return None
-        if max_slot is not None and self.max_slot is not None and max_slot > self.max_slot:
-            return False
+        if max_slot is not None and self.max_slot is not None and (max_slot > self.max_slot or max_slot < 0):
+            return False        # beyond the buffers, or -1: a request holds the reserved row 0
         if not self.has_rows:
             return self.decode_ok
         if rows <= 0:

@@ -86,7 +86,7 @@ def engine_steps(batch: Batch) -> list[EngineStep] | None:
                 take = end - start
                 if take <= 0:
                     break
-            reqs.append(Request(r.id, take, r.prefix_len + done, None, r.req_pool_idx, r.dp_rank, False))
+            reqs.append(Request(r.id, take, r.prefix_len + done, None, r.req_pool_idx, r.dp_rank, False, r.global_slot))
             pieces.append({"id": r.id, "start": done, "tokens": take})
             room -= take
             if take == rem:
@@ -99,9 +99,9 @@ def engine_steps(batch: Batch) -> list[EngineStep] | None:
                              f"a budget of {room} tokens holds no whole page of {page} tokens: no step can be formed")
         step_no = len(steps)
         for d in decodes:       # merged decodes join every step, one token further along each time
-            reqs.append(Request(d.id, 0, d.prefix_len, (d.seq_len or 1) + step_no, d.req_pool_idx, d.dp_rank, True))
+            reqs.append(Request(d.id, 0, d.prefix_len, (d.seq_len or 1) + step_no, d.req_pool_idx, d.dp_rank, True, d.global_slot))
             pieces.append({"id": d.id, "decode": True})
-        running = tuple(Request(d.id, 0, d.prefix_len, (d.seq_len or 1) + step_no, d.req_pool_idx, d.dp_rank, True)
+        running = tuple(Request(d.id, 0, d.prefix_len, (d.seq_len or 1) + step_no, d.req_pool_idx, d.dp_rank, True, d.global_slot)
                         for d in batch.running) if step_no else batch.running
         b = batch.for_step(batch.forward_mode, tuple(reqs), None)
         if running is not batch.running:

@@ -251,10 +251,14 @@ class Checker:
         """Query rows of a step of ``n`` requests (:func:`validator.forward.query_rows`)."""
         return query_rows(mode, n, extend, num_merged_decodes, padded_rows, self.draft_tokens)
 
-    @staticmethod
-    def max_slot_of(slots) -> int | None:
-        """The largest slot of a validated column (None when there are none)."""
-        return top(slots)
+    def max_slot_of(self, slots) -> int | None:
+        """The largest slot of a validated column (None when there are none), or -1 when a request
+        holds the reserved row 0 under a profile that checks slots (only the full check can say
+        what is wrong then)."""
+        t = top(slots)
+        if t is not None and self.has_slots and (int(slots.min()) if isinstance(slots, np.ndarray) else min(slots)) < 1:
+            return -1
+        return t
 
     @property
     def bounds(self):
@@ -417,7 +421,7 @@ class Checker:
         if slots is not None:
             if slots.__class__ is not list or len(slots) != n:
                 return False
-            top = top_within(slots, 0, MAX_POSITION)
+            top = top_within(slots, 1 if self.has_slots else 0, MAX_POSITION)   # row 0 is reserved
             if top < 0:
                 return False
         if rids is not None:

@@ -173,7 +173,7 @@ def _chunk_requests(batch: Batch, step: list[dict]) -> list[Request]:
         if c.get("decode"):
             out.append(r)
         else:
-            out.append(Request(r.id, c["tokens"], r.prefix_len + c["start"], r.seq_len, r.req_pool_idx, r.dp_rank, False))
+            out.append(Request(r.id, c["tokens"], r.prefix_len + c["start"], r.seq_len, r.req_pool_idx, r.dp_rank, False, r.global_slot))
     return out
 
 

@@ -228,7 +228,14 @@ class Builder:
                 doc["model"] = dict(model_doc)
             if buffers:
                 doc["buffers"] = [dict(b) for b in buffers]
+                if global_indexed:      # the index a globally indexed buffer reports is a global slot
+                    for r in doc["requests"]:
+                        if "req_pool_idx" in r:
+                            r["global_slot"] = r["req_pool_idx"]
             return doc
+        global_indexed = any(b.get("indexed_by") == "global_slot" for b in buffers)
+        if global_indexed:
+            basis.append("the slot number is read as a global slot (the buffer is indexed across DP ranks)")
         label = (f"the {'draft-extend' if draft else 'decode'} step that indexed slot {idx}" if idx is not None
                  else f"a {'draft-extend' if draft else 'decode'} step on the PD decode worker" if pd
                  else f"a {'draft-extend' if draft else 'decode'} step")

@@ -114,6 +114,23 @@ def empty_sparse_prefill(bp):
         subject="forward", numbers={"query_rows": 0}, fix="do not launch attention for an empty forward")]
 
 
+def _global_slots(bp) -> tuple[list[tuple[str, int]], list[str]]:
+    """``(request id, global slot)`` of the requests that hold one, and the ids of those whose global
+    slot is unknown: a request's ``global_slot`` when given; its ``req_pool_idx`` when attention DP is
+    1 (the rank's numbering is the global one); otherwise unknown (never guessed)."""
+    reqs = bp.batch.requests
+    single = bp.slots.attn_dp == 1
+    if isinstance(reqs, RequestColumns):          # the guard's columns carry the rank's slots only
+        return (_holding(bp, lambda a: a >= 0), []) if single else ([], [str(x) for x in (reqs.ids or [])][:64])
+    held, unknown = [], []
+    for r in reqs:
+        if r.global_slot is not None:
+            held.append((r.id, r.global_slot))
+        elif r.req_pool_idx is not None:
+            (held.append((r.id, r.req_pool_idx)) if single else unknown.append(r.id))
+    return held, unknown
+
+
 @rule("SLOT001", scope="batch", reads="slots")
 def slot_in_table(bp):
     """``req_pool_idx`` must address a row of the request table (``1 .. T_rows-1``).
@@ -121,7 +138,7 @@ def slot_in_table(bp):
     ## What it checks
     The request table (``req_to_token``) has ``T_rows = R + 1`` rows, or ``R + E + 1`` on a PD decode
     worker (``E`` pre-allocation slots); row 0 is the reserved padding row. A live request's slot
-    outside it is a bookkeeping bug in the engine.
+    outside 1 .. T_rows-1 (row 0 included) is a bookkeeping bug in the engine.
 
     ## Why it crashes
     On CPU: ``index N is out of bounds for dimension 0 with size T_rows``; on GPU an unchecked index
@@ -149,9 +166,10 @@ def slot_in_table(bp):
                 fix="the engine handed out a slot beyond its table: check max_running_requests / extra slots"))
         elif slot == 0:
             out.append(slot_in_table.rule.finding(
-                f"request {rid} holds slot 0, the reserved padding row; expected 1..{t - 1}",
-                subject=f"request {rid}, slot 0", numbers={"request": rid, "slot": 0}, severity="warning",
-                fix="real requests never hold slot 0; only CUDA-graph padding rows use it"))
+                f"request {rid} holds slot 0, the reserved padding row; expected a slot in 1..{t - 1}, got 0",
+                subject=f"request {rid}, slot 0", numbers={"request": rid, "slot": 0, "table_rows": t},
+                fix="real requests never hold slot 0 (the allocator hands out 1..T_rows-1); CUDA-graph padding "
+                    "rows write row 0, so this request's KV indices would be overwritten: fix the slot bookkeeping"))
     return out
 
 
@@ -274,7 +292,16 @@ def per_dp_buffer_global_slot(bp):
         if buf.indexed_by != "global_slot":
             continue
         rows = buf.rows
-        for rid, slot in _holding(bp, lambda a: a >= rows):
+        held, unknown = _global_slots(bp)
+        if unknown:
+            out.append(per_dp_buffer_global_slot.rule.finding(
+                f"{buf.name} is indexed by global slots, but request(s) {', '.join(unknown[:5])}"
+                f"{' ...' if len(unknown) > 5 else ''} give only their rank's req_pool_idx under attention DP "
+                f"{bp.slots.attn_dp}: expected global_slot, got none; not checked",
+                subject=f"buffer {buf.name}", severity="warning",
+                numbers={"buffer": buf.name, "requests_without_global_slot": len(unknown), "attn_dp": bp.slots.attn_dp},
+                fix="give each request's global_slot (the slot numbered across all DP ranks)"))
+        for rid, slot in held:
             if slot >= rows:
                 out.append(per_dp_buffer_global_slot.rule.finding(
                     f"request {rid} has global slot {slot} but {buf.name} ({buf.scope}) has {buf.rows} rows; "

@@ -49,6 +49,7 @@ class SlotModel:
     pd_decode: bool
     draft_tokens: int
     buffers: list[SlotBuffer]
+    attn_dp: int = 1            # attention data-parallel ranks (each has its own request table)
 
     @property
     def max_slot(self) -> int:
@@ -59,7 +60,8 @@ class SlotModel:
         return {"max_running_requests_per_dp": self.max_running, "extra_slots": self.extra_slots,
                 "extra_slots_source": self.extra_slots_source, "table_rows": self.table_rows,
                 "live_slots": [1, self.table_rows - 1], "pd_decode": self.pd_decode,
-                "draft_tokens": self.draft_tokens, "buffers": [b.to_dict() for b in self.buffers]}
+                "draft_tokens": self.draft_tokens, "attn_dp": self.attn_dp,
+                "buffers": [b.to_dict() for b in self.buffers]}
 
 
 def default_extra_slots(R: int) -> tuple[int, int, int]:
@@ -135,7 +137,7 @@ def derive_slots(batch: Batch, version: dict) -> SlotModel:
                                       required_width=required, sizing=sizing))
     for i, ub in enumerate(batch.buffers):
         buffers.append(_user_buffer(ub, i, R, t_rows, r_total))
-    return SlotModel(R, E, e_src, t_rows, pd_decode, d, buffers)
+    return SlotModel(R, E, e_src, t_rows, pd_decode, d, buffers, attn_dp)
 
 
 class SlotsProfile(Profile):
