@@ -13,6 +13,7 @@ from .registry import (
                        STATE,
                        Rule,
                        all_rules,
+                       forward_rules,
                        generation,
                        get_rule,
                        rule,
@@ -22,5 +23,5 @@ from .registry import (
                        unregister,
 )
 
-__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
+__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "forward_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
            "shape_rules", "unregister"]
