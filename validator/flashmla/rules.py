@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..knowledge import path_archs, sm_list, sm_name
+from ..knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..registry import rule
 from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
@@ -731,7 +731,7 @@ def combine_grid(p: Plan):
     grid = p.combine_grid if p.is_decode else None
     if grid is None:
         return None
-    lim = p.gen["grid_limits"]
+    lim = grid_limits()
     name = p.gen["combine"]["grid"]
     labels = [x.format(m=p.gen["combine_heads_per_block"]) for x in COMBINE_GRIDS[name][1]]
     c = p.call
