@@ -77,6 +77,20 @@ def test_combine_grid_current_kernels_s_q_on_y():
     assert not combine_grid(plan(sparse(1, GRID_Y + 1, 64, d_qk=512, topk=512), B200, "flashmla-2026.09.30"))
 
 
+def test_combine_grid_sgl_kernel_fork_s_q_on_y():
+    # sgl-project/FlashMLA 9804b12 combine.cu:202: grid (b, s_q, ceil(h_q/8)) - not yet PR #182's layout
+    for s_q in (GRID_Y - 1, GRID_Y, GRID_Y + 1):
+        found = combine_grid(plan(sparse(1, s_q, 64), "H200", "sgl-kernel-flashmla")) or []
+        assert bool(found) == (s_q > GRID_Y), s_q
+    assert not combine_grid(plan(sparse(1, 4096, 128), "H200", "sgl-kernel-flashmla"))
+
+
+def test_builds_without_a_recorded_combine_grid_are_not_judged():
+    # the grid of sgl-flash-mla 1.0.0's legacy kernels and of vLLM 0.33's bundled copy is not recorded
+    for kernel in ("sgl-flash-mla-1.0.0", "vllm-0.33"):
+        assert plan(sparse(1, 4096, 128), "H200", kernel).combine_grid is None
+
+
 # --------------------------------------------------------------------------- FMLA008 splits per build
 @pytest.mark.parametrize("kernel,cc,parts_of,limit", [
     # 9241ae3 sparse SM90: P = num_sms / s_q / (h_q/64) = num_sms at s_q 1, h_q 64; dispatch up to 160

@@ -709,7 +709,8 @@ def combine_grid(p: Plan):
     puts ``ceil(s_q*h_q/8)`` on ``gridDim.y``, so ``s_q*h_q <= 524280``: ``s_q <= 4095`` at
     ``h_q = 128``, ``s_q <= 8191`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
     ``(b*s_q, 1, ceil(h_q/8))``: ``b*s_q <= 2^31-1``. The current kernels (2026.09.30) launch
-    ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``. Only calls that split the KV run the combine.
+    ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``, as does sgl-kernel's fork (9804b12, before PR #182).
+    Only calls that split the KV run the combine; builds whose grid is not recorded are not judged.
 
     ## Why it crashes
     The launch fails with ``invalid configuration argument``; the library's error check prints
@@ -726,7 +727,8 @@ def combine_grid(p: Plan):
 
     ## Source
     FlashMLA 1408756 ``csrc/smxx/mla_combine.cu:192`` (grid) and ``:201`` (check); 9241ae3
-    ``csrc/smxx/decode/combine/combine.cu:203`` and ``:210``; current kernels from the binary.
+    ``csrc/smxx/decode/combine/combine.cu:203`` and ``:210``; sgl-project/FlashMLA 9804b12
+    ``csrc/smxx/decode/combine/combine.cu:202`` and ``:209``; current kernels from the binary.
     """
     grid = p.combine_grid if p.is_decode else None
     if grid is None:
