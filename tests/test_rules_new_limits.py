@@ -113,6 +113,7 @@ def test_max_splits_per_build(kernel, cc, parts_of, limit):
 @pytest.mark.parametrize("kernel,failure", [
     ("flashmla-9241ae3", "process_crash"),                     # measured: SIGSEGV after a TMA dump
     ("sgl-flash-mla-1.0.0", "python_exception"),               # measured: RuntimeError at phase1.cuh:621
+    ("flashmla-1408756", "process_crash"),                     # inferred: the same Q TMA step (fwd.cu:650)
 ])
 def test_empty_sparse_prefill_per_build(kernel, failure):
     for s_q in (0, 1, 2):                                      # the limit is s_q >= 1
@@ -194,6 +195,26 @@ def test_graph_pads_the_flashmla_calls_to_the_captured_rows():
     assert r.context["query_rows"] == 64 and r.context["row_breakdown"]["padding_rows"] == 24
     sch = r.plans[0].schedule
     assert sch is not None and sch.b == 64
+
+
+@pytest.mark.parametrize("kernel", ["sgl-flash-mla-1.0.0", "vllm-0.33"])
+def test_dense_fp8_padding_row_of_length_zero(kernel):
+    # first-generation dense fp8 kernel: a length-0 row starts at block ceil(0/64) - 1 = -1 and reads
+    # block_table[row][-1] (flash_fwd_mla_kernel.h:292, :414-415); the limit is cache_seqlens >= 1
+    for pad, bad in ((0, True), (1, False), (2, False)):
+        rec = {"kind": "dense_fp8", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, pad, pad]}
+        r = check(rec, gpu="H200", kernel=kernel)
+        assert ("FMLA020" in codes(r)) == bad, pad
+    f = next(f for f in check({"kind": "dense_fp8", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]},
+                              gpu="H200", kernel=kernel).findings if f.code == "FMLA020")
+    assert f.numbers == {"request": 2, "count": 2} and f.failure.startswith("illegal_memory_access")
+
+
+def test_tma_dense_kernels_take_length_zero_padding():
+    # the TMA-based dense SM90 kernels hand the page to a TMA load (zero-filled out of range): no FMLA020
+    for kernel in ("flashmla-9241ae3", "flashmla-1408756"):
+        r = check({"kind": "dense", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}, gpu="H200", kernel=kernel)
+        assert "FMLA020" not in codes(r)
 
 
 def test_graph_fields_are_validated_by_name():
@@ -294,7 +315,7 @@ def test_sglang_replaces_the_planner_above_its_threshold():
 
 
 # --------------------------------------------------------------------------- catalog, CLI, schemas
-NEW = ("FMLA017", "FMLA018", "FMLA019", "CG001", "CG002", "FI001", "FI002", "FI003", "DG001")
+NEW = ("FMLA017", "FMLA018", "FMLA019", "FMLA020", "CG001", "CG002", "FI001", "FI002", "FI003", "DG001")
 
 
 def test_new_rules_have_pages_sources_and_signatures():

@@ -713,7 +713,7 @@ def combine_grid(p: Plan):
     Only calls that split the KV run the combine; builds whose grid is not recorded are not judged.
 
     ## Why it crashes
-    The launch fails with ``invalid configuration argument``; the library's error check prints
+    The launch is refused (``invalid configuration argument``); the library's error check prints
     ``CUDA error (.../mla_combine.cu:201)`` (1408756) or ``(.../combine.cu:210)`` (9241ae3) and
     calls ``exit(1)``: the serving process dies.
 
@@ -838,3 +838,45 @@ def decode_indices(s: IndicesCheck):
         subject=s.label or f"decode indices row {row}",
         numbers={"row": row, "position": pos, "value": v, "num_kv_tokens": s.num_kv_tokens, "count": int(bad.sum())},
         fix="fill unused index slots with -1 and keep indices below num_blocks * page_size")]
+
+
+@rule("FMLA020", reads="lengths")
+def empty_dense_row(p: Plan):
+    """Dense fp8 decode: every request needs ``cache_seqlens >= 1`` (CUDA-graph padding rows too).
+
+    ## What it checks
+    The dense fp8 path (``fwd_kvcache_mla_fp8``, FlashMLA's first-generation kernel) is judged for
+    requests of length 0, which engines create when they pad a batch up to a captured CUDA graph.
+    The first-generation scheduler still places a 0-block request in a partition.
+
+    ## Why it crashes
+    The kernel starts at block ``ceil(seqlen/64) - 1 = -1``: it reads ``block_table[row][-1]`` (before
+    the table for row 0) and copies a 64-token tile from the page that entry names. With padding rows
+    whose ``block_table`` is -1 that is the page before the KV pool: an illegal memory access, or a
+    silent read of another request's page. The TMA-based kernels (dense SM90 of 1408756 / 9241ae3)
+    pass the page to a TMA load, whose out-of-range coordinates are zero-filled: no fault there.
+
+    ## Example
+    ``{"kind": "dense_fp8", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}``: two padding rows.
+
+    ## Fix
+    Pad with ``cache_seqlens = 1`` and a valid dummy page in ``block_table`` (or trim the padding rows).
+
+    ## Source
+    vllm-project/FlashMLA 46d64a8 ``csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:292``,
+    ``:414-415``, ``:455-458``; read from source, not measured.
+    """
+    c = p.call
+    fact = p.gen.get("empty_row_read")
+    if fact is None or not isinstance(c, DecodeCall) or c.seqlens is None or not c.seqlens.shape[0]:
+        return None
+    empty = c.seqlens == 0
+    if not empty.any():
+        return None
+    i = int(empty.argmax())
+    return [empty_dense_row.rule.finding(
+        f"request {i} cache_seqlens expected >= 1 on {p.gen['build']}'s dense fp8 kernel, got 0 "
+        f"({int(empty.sum())} empty request(s): it reads block_table[{i}][-1] and that page)",
+        subject=f"{_subject(p)} request {i}", numbers={"request": i, "count": int(empty.sum())},
+        fix="pad CUDA-graph rows with cache_seqlens 1 and a valid dummy page, or trim them",
+        failure=fact["failure"])]
