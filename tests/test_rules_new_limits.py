@@ -134,6 +134,19 @@ def test_reuse_with_lengths_in_the_same_64_token_blocks_is_fine():
             assert r.findings[0].failure.startswith("silent_wrong")
 
 
+def test_reuse_on_the_current_kernels_is_silently_stale():
+    # 2026.09.30 (B200, split-KV needs topk + extra > 640): lengths are not compared on reuse
+    planned = sparse(4, 1, 64, d_qk=512, topk=1024, topk_length=[64] * 4)
+    for n, stale in ((63, False), (64, False), (65, True)):
+        r = check_sched_meta_reuse(planned, {**planned, "topk_length": [n] * 4}, B200, "flashmla-2026.09.30")
+        assert ("FMLA018" in codes(r)) == stale, n
+    f = check_sched_meta_reuse(planned, {**planned, "topk_length": [65] * 4}, B200, "flashmla-2026.09.30").findings[0]
+    assert f.failure.startswith("silent_wrong")
+    # enable_batch_invariant turns split-KV off there: a schedule planned with it cannot serve a call without
+    r = check_sched_meta_reuse({**planned, "enable_batch_invariant": True}, planned, B200, "flashmla-2026.09.30")
+    assert "FMLA018" in codes(r)
+
+
 def test_reuse_with_another_b_is_the_assertion_on_9241ae3_and_unchecked_on_1408756():
     planned = sparse(4, 1, 64)
     for b in (3, 4, 5):
