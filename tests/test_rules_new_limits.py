@@ -97,6 +97,8 @@ def test_builds_without_a_recorded_combine_grid_are_not_judged():
     ("flashmla-9241ae3", [9, 0], lambda p: p, 160),
     # 1408756 sparse SM90: P = (num_sms/2) / h_k / (ceil(h_q/128) * s_q) = num_sms/2; up to 160
     ("flashmla-1408756", [9, 0], lambda p: 2 * p, 160),
+    # sgl-kernel's fork (sgl-project/FlashMLA 9804b12 combine.cu:178-182): the same dispatch up to 160
+    ("sgl-kernel-flashmla", [9, 0], lambda p: p, 160),
     # current kernels SM100 head64: P = num_sms / s_q = num_sms; up to 256
     ("flashmla-2026.09.30", [10, 0], lambda p: p, 256),
 ])
