@@ -845,9 +845,10 @@ def empty_dense_row(p: Plan):
     """Dense fp8 decode: every request needs ``cache_seqlens >= 1`` (CUDA-graph padding rows too).
 
     ## What it checks
-    The dense fp8 path (``fwd_kvcache_mla_fp8``, FlashMLA's first-generation kernel) is judged for
-    requests of length 0, which engines create when they pad a batch up to a captured CUDA graph.
-    The first-generation scheduler still places a 0-block request in a partition.
+    The dense fp8 attention kernel (``fwd_kvcache_mla_fp8``, FlashMLA's first-generation kernel; a
+    ``dense_fp8`` record with ``"entry": "fwd_kvcache_mla_fp8"``) is judged for requests of length 0,
+    which engines create when they pad a batch up to a captured CUDA graph. The first-generation
+    scheduler still places a 0-block request in a partition; the metadata op alone is fine with it.
 
     ## Why it crashes
     The kernel starts at block ``ceil(seqlen/64) - 1 = -1``: it reads ``block_table[row][-1]`` (before
@@ -857,7 +858,8 @@ def empty_dense_row(p: Plan):
     pass the page to a TMA load, whose out-of-range coordinates are zero-filled: no fault there.
 
     ## Example
-    ``{"kind": "dense_fp8", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}``: two padding rows.
+    ``{"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
+    "seqlens": [900, 12, 0, 0]}``: two padding rows.
 
     ## Fix
     Pad with ``cache_seqlens = 1`` and a valid dummy page in ``block_table`` (or trim the padding rows).
@@ -868,7 +870,8 @@ def empty_dense_row(p: Plan):
     """
     c = p.call
     fact = p.gen.get("empty_row_read")
-    if fact is None or not isinstance(c, DecodeCall) or c.seqlens is None or not c.seqlens.shape[0]:
+    if fact is None or not isinstance(c, DecodeCall) or c.entry != fact["entry"] or c.seqlens is None \
+            or not c.seqlens.shape[0]:
         return None
     empty = c.seqlens == 0
     if not empty.any():
