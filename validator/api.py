@@ -4,7 +4,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .batch import is_batch_like
+from .deepgemm import calls as deepgemm_calls
 from .errors import BatchIllegalError, InputError
+from .flashinfer import calls as flashinfer_calls
+from .flashmla import tensors
 from .flashmla.calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
 from .flashmla.plan import Plan, plan
 from .knowledge import GPU, resolve_gpu
@@ -22,20 +25,49 @@ def _as_call(c: Any, where: str) -> KernelCall:
 
 
 def check_plan(p: Plan) -> list[Finding]:
-    """All call-scope rules over one plan."""
+    """All call-scope rules over one plan (of any kernel family: the rules of its kind)."""
     return run_rules("call", p)
 
 
+def plan_any(c: Any, gpu: GPU, kernel: str | None = None, where: str = "call"):
+    """The plan of one call of any kernel family: a FlashMLA call or record, a FlashInfer or
+    DeepGEMM record (by ``kind``), or a FlashMLA tensor check (``sched_meta_reuse``,
+    ``decode_indices``). ``kernel`` names the FlashMLA build (the other families take ``version``)."""
+    if isinstance(c, Mapping):
+        kind = c.get("kind")
+        if kind in flashinfer_calls.KINDS:
+            return flashinfer_calls.plan(c, gpu, prefix=where)
+        if kind in deepgemm_calls.KINDS:
+            return deepgemm_calls.plan(c, gpu, prefix=where)
+        if kind in tensors.SUBJECT_KINDS:
+            return tensors.subject_from_record(c, where, gpu, kernel)
+    return plan(_as_call(c, where), gpu, kernel)
+
+
 def check_calls(calls: Iterable[Any], gpu: Any = "H200", kernel: str | None = None) -> Report:
-    """Check kernel calls (records or DecodeCall objects) and return one Report covering all."""
+    """Check kernel calls (records of any family, or DecodeCall objects) and return one Report."""
     g = resolve_gpu(gpu)
     plans = []
     findings: list[Finding] = []
     for i, c in enumerate(calls):
-        p = plan(_as_call(c, f"calls[{i}]"), g, kernel)
+        p = plan_any(c, g, kernel, f"calls[{i}]")
         plans.append(p)
         findings.extend(check_plan(p))
     return Report(findings, plans)
+
+
+def check_sched_meta_reuse(planned: Any, reused: Any, gpu: Any = "H200", kernel: str | None = None) -> Report:
+    """FMLA018: may a schedule planned for ``planned`` be reused for ``reused`` (call records or
+    :class:`DecodeCall`)? A Report naming what changed."""
+    s = tensors.reuse_check(planned, reused, gpu, kernel)
+    return Report(run_rules("call", s), [s])
+
+
+def check_decode_indices(indices: Any, num_kv_tokens: int, topk_length: Any = None, gpu: Any = "H200") -> Report:
+    """FMLA019: sparse decode ``indices`` (numpy, lists or tensors, ``[rows, topk]``) against a KV cache
+    of ``num_kv_tokens`` slots (``num_blocks * page_size``); ``topk_length``: valid entries per row."""
+    s = tensors.indices_check(indices, num_kv_tokens, topk_length, gpu)
+    return Report(run_rules("call", s), [s])
 
 
 def check(obj: Any, gpu: Any = None, kernel: str | None = None, **kwargs) -> Report:
@@ -58,5 +90,5 @@ def assert_legal(obj: Any, gpu: Any = None, kernel: str | None = None, **kwargs)
     return report
 
 
-__all__ = ["plan", "check", "check_calls", "check_plan", "assert_legal", "Report", "Finding", "GPU",
+__all__ = ["plan", "plan_any", "check", "check_calls", "check_plan", "check_sched_meta_reuse", "check_decode_indices", "assert_legal", "Report", "Finding", "GPU",
            "InputError", "BatchIllegalError", "resolve_gpu"]

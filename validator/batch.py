@@ -194,6 +194,7 @@ class Batch:
     buffers: tuple = ()
     label: str = ""
     kernel_build: str | None = None    # the FlashMLA build it runs on (None: the engine version's)
+    cuda_graph: Mapping[str, int] | None = None   # a replayed CUDA graph: captured_rows, metadata_rows
     notes: tuple = ()                  # how the input was read as the engine runs it
 
     def arg(self, name: str, default: Any = None) -> Any:
@@ -232,6 +233,8 @@ class Batch:
             d["model"] = dict(self.model)
         if self.kernel_build:
             d["kernel_build"] = self.kernel_build
+        if self.cuda_graph:
+            d["cuda_graph"] = dict(self.cuda_graph)
         return d
 
 
@@ -258,6 +261,9 @@ MODEL_KEYS: dict[str, tuple[type, int]] = {
     "tail_extra_slots": (int, 0), "dsa_tails": (bool, 0),
 }
 BUFFER_KEYS = {"name", "rows", "rows_from", "plus", "scope", "indexed_by"}
+#: a replayed CUDA graph: the query rows it was captured with, and the rows its FlashMLA metadata
+#: was computed for (default: the captured rows)
+CUDA_GRAPH_KEYS = ("captured_rows", "metadata_rows")
 
 REQUEST_KEYS = {"id", "rid", "extend_tokens", "extend_len", "new_tokens", "prefix_len", "cached_tokens",
                 "seq_len", "req_pool_idx", "slot", "global_slot", "dp_rank", "kind", "output_len"}
@@ -319,7 +325,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     if not isinstance(doc, Mapping):
         raise InputError("batch", f"expected an object, got {type(doc).__name__}")
     allowed = {"engine", "profile", "gpu", "server_args", "forward_mode", "requests", "running",
-               "padded_rows", "model", "buffers", "label", "name", "expected", "kernel_build"}
+               "padded_rows", "model", "buffers", "label", "name", "expected", "kernel_build", "cuda_graph"}
     for k in doc:
         if k not in allowed:
             raise InputError(str(k), f"unknown field (known: {', '.join(sorted(allowed))})")
@@ -412,7 +418,23 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         if not isinstance(kb, str):
             raise InputError("kernel_build", f"expected a FlashMLA build name, got {echo(kb)}")
         kb = build(kb)["name"]
-    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label), kb, notes)
+    graph = parse_cuda_graph(doc.get("cuda_graph"))
+    if graph is not None and padded is None:
+        padded = graph["captured_rows"]     # a replayed graph runs its captured rows (padding up to them)
+    return Batch(profiles, g, sa, mode, reqs, running, padded, dict(model), tuple(buffers), str(label), kb, graph, notes)
+
+
+def parse_cuda_graph(v: Any) -> dict | None:
+    """``cuda_graph: {captured_rows, metadata_rows}`` validated (None when absent)."""
+    if v is None:
+        return None
+    if not isinstance(v, Mapping):
+        raise InputError("cuda_graph", f"expected an object with {', '.join(CUDA_GRAPH_KEYS)}, got {echo(v)}")
+    for k in v:
+        if k not in CUDA_GRAPH_KEYS:
+            raise InputError(f"cuda_graph.{k}", f"unknown field (known: {', '.join(CUDA_GRAPH_KEYS)})")
+    captured = int_field(v, "captured_rows", "cuda_graph", 1, MAX_ROWS)
+    return {"captured_rows": captured, "metadata_rows": int_field(v, "metadata_rows", "cuda_graph", 0, MAX_ROWS, captured)}
 
 
 def speculative_algorithm(server_args: Mapping[str, Any]) -> str | None:

@@ -21,7 +21,7 @@ from .batch import Batch, RequestColumns
 from .evaluate import EngineSetup, evaluate
 from .flashmla.calls import MAX_ROWS
 from .names import ROUTABLE_MODES
-from .ruleset import all_rules, generation
+from .ruleset import forward_rules, generation
 from .search import largest_legal
 
 #: quantities a bound (or the configuration probe) always covers; ``lengths`` is covered when
@@ -112,7 +112,7 @@ def probe_step(batch: Batch) -> Batch:
 
 
 def _codes(pred) -> frozenset:
-    return frozenset(r.code for r in all_rules() if pred(r.reads))
+    return frozenset(r.code for r in forward_rules() if pred(r.reads))
 
 
 def _edge(legal, hint: int, lo: int, cap: int) -> int:
@@ -134,7 +134,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     for prof, _, part in setup.parts:
         hints.update(prof.bound_hints(part, bp))
     covered = COVERED | setup.guarantees
-    undecided = tuple(r.code for r in all_rules() if not r.reads <= covered)
+    undecided = tuple(r.code for r in forward_rules() if not r.reads <= covered)
     has_rows, has_slots = "rows" in setup.provides, "slots" in setup.provides
 
     max_rows = threshold = slow_above = None
@@ -151,7 +151,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_rows = _edge(rows_legal, hints["max_rows"], 1, MAX_ROWS)
         threshold = hints.get("threshold")
-        sched_rules = [r for r in all_rules() if "schedule" in r.reads]
+        sched_rules = [r for r in forward_rules() if "schedule" in r.reads]
         sched_free = max_rows
         slow = [dc.plan.fast_sched_rows for dc in bp.calls if dc.plan.is_decode and dc.plan.falls_back]
         slow_above = min(slow) if slow else None

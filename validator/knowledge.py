@@ -39,6 +39,11 @@ class GPU:
         return {"name": self.name, "num_sms": self.num_sms, "cc": list(self.cc), "smem_optin": self.smem_optin}
 
 
+def grid_limits() -> dict:
+    """CUDA's largest launch grid per axis (``x``, ``y``, ``z``), from ``rules/gpus.json``."""
+    return load("gpus")["grid_limits"]
+
+
 def gpu_names() -> list[str]:
     return list(load("gpus")["gpus"])
 

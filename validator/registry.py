@@ -12,6 +12,10 @@ engine profiles bound (see :mod:`validator.bounds`); a rule that declares nothin
 ``requests`` (anything about the step), so the guard runs the full check for it. A rule reading
 ``schedule`` may give ``safe_rows(plan)``: the largest ``b`` for which it provably finds nothing.
 
+``subject`` names the kind of object a call rule reads (default ``"flashmla"``: a FlashMLA
+:class:`~validator.flashmla.plan.Plan`); each kernel family's plans carry the same name as their
+``rule_kind`` attribute, and :func:`run_rules` runs a call rule only on subjects of its kind.
+
 ``shape_only=True`` declares that a call rule reads only the call's shape (heads, head dimension,
 cache widths and layout, which length arrays are present, the GPU, the implementation and its
 partitions), never ``b``, the per-request length values or the schedule. A plan may then carry
@@ -47,6 +51,7 @@ class Rule:
     shape_only: bool = False
     reads: frozenset = frozenset({"requests"})
     safe_rows: Callable | None = None
+    subject: str = "flashmla"
 
     @property
     def split_helps(self) -> bool:
@@ -83,11 +88,13 @@ def generation() -> int:
     return STATE.generation
 
 
-def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None):
+def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None,
+         subject: str = "flashmla"):
     """Register a rule function under a stable code; metadata comes from the catalog.
 
     ``reads``: the per-step quantities it depends on (names from :data:`QUANTITIES`; default
-    ``requests``); ``shape_only`` implies ``config``."""
+    ``requests``); ``shape_only`` implies ``config``; ``subject``: the kind of plan a call rule
+    reads (see the module's notes)."""
     if reads is None:
         reads = ("config",) if shape_only else ("requests",)
     reads = frozenset((reads,) if isinstance(reads, str) else reads)
@@ -104,7 +111,8 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
         if code in REGISTRY:
             raise KeyError(f"rule code {code} registered twice")
         r = Rule(code, scope, func, meta["title"], meta["severity"], meta.get("failure", ""),
-                 meta.get("source", ""), meta.get("family", code[:-3]), shape_only, reads, safe_rows)
+                 meta.get("source", ""), meta.get("family", code[:-3]), shape_only, reads, safe_rows,
+                 subject if scope == "call" else "batch")
         REGISTRY[code] = r
         STATE.generation += 1
         func.rule = r
@@ -123,37 +131,51 @@ def all_rules() -> list[Rule]:
     return [REGISTRY[c] for c in sorted(REGISTRY)]
 
 
+#: the kinds of call subjects an engine forward derives (the engine profiles' kernel calls)
+FORWARD_KINDS = frozenset({"flashmla"})
+
+
+def forward_rules() -> list[Rule]:
+    """The rules that can judge an engine forward: batch rules and the call rules of the kinds the
+    engine profiles derive (rules over tensors an engine passes are checked on their own)."""
+    return [r for r in all_rules() if r.scope == "batch" or r.subject in FORWARD_KINDS]
+
+
 def get_rule(code: str) -> Rule | None:
     return REGISTRY.get(code.upper())
 
 
 @lru_cache(maxsize=64)
-def _scope_rules(scope: str, gen: int) -> tuple[Rule, ...]:
+def _scope_rules(scope: str, gen: int, kind: str = "flashmla") -> tuple[Rule, ...]:
     # keyed by the registry's generation: a rule registered later gets a fresh selection
-    return tuple(REGISTRY[c] for c in sorted(REGISTRY) if REGISTRY[c].scope == scope)
+    return tuple(REGISTRY[c] for c in sorted(REGISTRY)
+                 if REGISTRY[c].scope == scope and (scope != "call" or REGISTRY[c].subject == kind))
 
 
-def rules_for(scope: str) -> tuple[Rule, ...]:
-    """The rules of one scope, in code order (selected once, not on every call)."""
-    return _scope_rules(scope, STATE.generation)
+def rules_for(scope: str, kind: str = "flashmla") -> tuple[Rule, ...]:
+    """The rules of one scope (call rules: of one subject kind), in code order (selected once,
+    not on every call)."""
+    return _scope_rules(scope, STATE.generation, kind)
 
 
 def shape_rules() -> tuple[Rule, ...]:
-    """The call rules declared ``shape_only``."""
+    """The FlashMLA call rules declared ``shape_only``."""
     return tuple(r for r in rules_for("call") if r.shape_only)
 
 
 @lru_cache(maxsize=256)
-def _active_rules(scope: str, gen: int, skip: frozenset, only: frozenset | None) -> tuple[Rule, ...]:
-    return tuple(r for r in _scope_rules(scope, gen) if r.code not in skip and (only is None or r.code in only))
+def _active_rules(scope: str, gen: int, skip: frozenset, only: frozenset | None, kind: str = "flashmla") -> tuple[Rule, ...]:
+    return tuple(r for r in _scope_rules(scope, gen, kind) if r.code not in skip and (only is None or r.code in only))
 
 
 def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Finding]:
-    """Every rule of ``scope`` over ``subject`` (``only``: just these codes)."""
+    """Every rule of ``scope`` over ``subject`` (``only``: just these codes). Call rules run on
+    subjects of their own kind (``subject.rule_kind``, default ``"flashmla"``)."""
     out: list[Finding] = []
     skip = getattr(subject, "quiet_rules", None)
-    rules = _active_rules(scope, STATE.generation, skip or frozenset(), only) if (skip or only is not None) \
-        else rules_for(scope)
+    kind = getattr(subject, "rule_kind", "flashmla") if scope == "call" else "flashmla"
+    rules = _active_rules(scope, STATE.generation, skip or frozenset(), only, kind) if (skip or only is not None) \
+        else rules_for(scope, kind)
     for r in rules:
         res: Iterable[Finding] | None = r.func(subject)
         if res:

@@ -5,6 +5,8 @@ module imports them, so nothing runs in a circle).
 """
 from __future__ import annotations
 
+from .deepgemm import rules as _deepgemm_rules  # noqa: F401  (registration)
+from .flashinfer import rules as _flashinfer_rules  # noqa: F401  (registration)
 from .flashmla import rules as _flashmla_rules  # noqa: F401  (registration)
 from .profiles import rules as _engine_rules  # noqa: F401  (registration)
 from .registry import (
@@ -13,6 +15,7 @@ from .registry import (
                        STATE,
                        Rule,
                        all_rules,
+                       forward_rules,
                        generation,
                        get_rule,
                        rule,
@@ -22,5 +25,5 @@ from .registry import (
                        unregister,
 )
 
-__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
+__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "forward_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
            "shape_rules", "unregister"]

@@ -35,9 +35,10 @@ DECODE_KEYS = frozenset({
     "kv_stride", "kv_base_align", "use_legacy", "entry", "enable_batch_invariant",
 })
 PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv", "use_legacy"})
-#: decode entry points a record may name: the call itself (scheduler run inside it) and the hoisted
-#: metadata op of the builds that have one
-ENTRIES = ("flash_mla_with_kvcache", "get_mla_decoding_metadata")
+#: decode entry points a record may name: the call itself (scheduler run inside it), the hoisted
+#: metadata op of the builds that have one, and the dense fp8 attention kernel (scheduled by that op)
+ENTRIES = ("flash_mla_with_kvcache", "get_mla_decoding_metadata", "fwd_kvcache_mla_fp8")
+DENSE_FP8_ENTRIES = ("get_mla_decoding_metadata", "fwd_kvcache_mla_fp8")
 KINDS = ("sparse", "dense", "dense_fp8", "prefill")
 
 
@@ -345,9 +346,14 @@ def _entry(rec: Mapping[str, Any], prefix: str, kind: str) -> str:
     entry = rec.get("entry", ENTRIES[0])
     if entry not in ENTRIES:
         raise InputError(field_name(prefix, "entry"), f"expected one of {', '.join(ENTRIES)}, got {echo(entry)}")
-    if kind == "dense_fp8" and entry != "get_mla_decoding_metadata" and "entry" in rec:
-        raise InputError(field_name(prefix, "entry"), "dense_fp8 calls are scheduled by get_mla_decoding_metadata")
-    return "get_mla_decoding_metadata" if kind == "dense_fp8" else entry
+    if kind == "dense_fp8":
+        if "entry" in rec and entry not in DENSE_FP8_ENTRIES:
+            raise InputError(field_name(prefix, "entry"), "dense_fp8 calls are scheduled by get_mla_decoding_metadata "
+                             "and run by fwd_kvcache_mla_fp8")
+        return entry if "entry" in rec else DENSE_FP8_ENTRIES[0]
+    if entry == "fwd_kvcache_mla_fp8":
+        raise InputError(field_name(prefix, "entry"), "fwd_kvcache_mla_fp8 runs dense_fp8 calls only")
+    return entry
 
 
 def calls_from_records(records: Sequence[Any], prefix: str = "calls") -> list[KernelCall]:

@@ -56,6 +56,27 @@ PARTS_FORMULAS = {
 }
 
 
+# combine-kernel launch grids named in rules/flashmla.json (``combine.grid``): (x, y, z) of a call,
+# with ``m`` the query heads one CTA combines (``combine_heads_per_block``)
+def _grid_b_x__sqhq_y(c: DecodeCall, m: int) -> tuple[int, int, int]:
+    return c.b, _cdiv(c.s_q * c.h_q, m), 1
+
+
+def _grid_b_x__sq_y__hq_z(c: DecodeCall, m: int) -> tuple[int, int, int]:
+    return c.b, c.s_q, _cdiv(c.h_q, m)
+
+
+def _grid_bsq_x(c: DecodeCall, m: int) -> tuple[int, int, int]:
+    return c.b * c.s_q, 1, _cdiv(c.h_q, m)
+
+
+COMBINE_GRIDS = {
+    "b_x__sqhq_y": (_grid_b_x__sqhq_y, ("b", "ceil(s_q*h_q/{m})", "1")),
+    "b_x__sq_y__hq_z": (_grid_b_x__sq_y__hq_z, ("b", "s_q", "ceil(h_q/{m})")),
+    "bsq_x": (_grid_bsq_x, ("b*s_q", "1", "ceil(h_q/{m})")),
+}
+
+
 CANONICAL_LAYOUT = ["begin_req", "end_req", "begin_block", "end_block", "begin_split", "first_splitted", "last_splitted"]
 
 
@@ -308,6 +329,15 @@ class Plan:
         c = self.call
         acc = self.gen["oaccum"]
         return rows * c.s_q * c.h_q * acc["accum_bytes"] * (1 + acc["d_v"])
+
+    @property
+    def combine_grid(self) -> tuple[int, int, int] | None:
+        """The combine kernel's launch grid ``(x, y, z)`` on this build (None: the call runs no
+        combine, or the build's grid is not recorded)."""
+        name = self.gen.get("combine", {}).get("grid")
+        if name is None or self.workspace_rows is None:
+            return None
+        return COMBINE_GRIDS[name][0](self.call, self.gen["combine_heads_per_block"])
 
     def failure_for(self, f):
         """``f`` with this build's own failure for its rule, where the build fails differently

@@ -1,10 +1,14 @@
-"""FMLA0xx: limits of FlashMLA's decode and sparse-prefill kernels. Each rule reads one call's Plan."""
+"""FMLA0xx: limits of FlashMLA's decode and sparse-prefill kernels. Each rule reads one call's Plan
+(FMLA018 / FMLA019: the tensors an engine passes, see :mod:`.tensors`)."""
 from __future__ import annotations
 
-from ..knowledge import path_archs, sm_list, sm_name
+import numpy as np
+
+from ..knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..registry import rule
 from .calls import DecodeCall, SparsePrefillCall
-from .plan import Plan
+from .plan import COMBINE_GRIDS, Plan
+from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
 
 
 def _int_max(bits: int) -> int:
@@ -693,3 +697,189 @@ def static_batch(p: Plan):
         f"{p.call.b} requests exceed the scheduler's static arrays; expected b <= {lim['max_b']}, got {p.call.b}",
         subject=_subject(p), numbers={"b": p.call.b, "max_b": lim["max_b"]},
         fix=f"split into calls of <= {lim['max_b']} requests", failure=lim["failure"])]
+
+
+@rule("FMLA017", reads="rows")
+def combine_grid(p: Plan):
+    """The combine kernel's launch grid must fit CUDA's grid limits (x < 2^31, y and z <= 65535).
+
+    ## What it checks
+    The kernel that merges split results is launched with one CTA per (request, query token, 8 heads),
+    laid out differently per build. FlashMLA ``1408756`` (and every build before upstream PR #182)
+    puts ``ceil(s_q*h_q/8)`` on ``gridDim.y``, so ``s_q*h_q <= 524280``: ``s_q <= 4095`` at
+    ``h_q = 128``, ``s_q <= 8191`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
+    ``(b*s_q, 1, ceil(h_q/8))``: ``b*s_q <= 2^31-1``. The current kernels (2026.09.30) launch
+    ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``, as does sgl-kernel's fork (9804b12, before PR #182).
+    Only calls that split the KV run the combine; builds whose grid is not recorded are not judged.
+
+    ## Why it crashes
+    The launch is refused (``invalid configuration argument``); the library's error check prints
+    ``CUDA error (.../mla_combine.cu:201)`` (1408756) or ``(.../combine.cu:210)`` (9241ae3) and
+    calls ``exit(1)``: the serving process dies.
+
+    ## Example
+    ``{"kind": "sparse", "b": 1, "s_q": 4096, "h_q": 128, "d_qk": 576, "topk": 128}`` on
+    ``flashmla-1408756``: ``gridDim.y = 4096*128/8 = 65536``.
+
+    ## Fix
+    Fewer query tokens per request per call (split ``s_q``), or a build whose combine grid puts the
+    large dimension on x (9241ae3 and later).
+
+    ## Source
+    FlashMLA 1408756 ``csrc/smxx/mla_combine.cu:192`` (grid) and ``:201`` (check); 9241ae3
+    ``csrc/smxx/decode/combine/combine.cu:203`` and ``:210``; sgl-project/FlashMLA 9804b12
+    ``csrc/smxx/decode/combine/combine.cu:202`` and ``:209``; current kernels from the binary.
+    """
+    grid = p.combine_grid if p.is_decode else None
+    if grid is None:
+        return None
+    lim = grid_limits()
+    name = p.gen["combine"]["grid"]
+    labels = [x.format(m=p.gen["combine_heads_per_block"]) for x in COMBINE_GRIDS[name][1]]
+    c = p.call
+    out = []
+    for axis, value, label in zip("xyz", grid, labels):
+        top = lim[axis]
+        if value <= top:
+            continue
+        out.append(combine_grid.rule.finding(
+            f"combine grid dimension {axis} = {label} expected <= {top} on {p.gen['build']}, got {value} "
+            f"(b={c.b}, s_q={c.s_q}, h_q={c.h_q})",
+            subject=_subject(p),
+            numbers={"axis": axis, "value": value, "max": top, "b": c.b, "s_q": c.s_q, "h_q": c.h_q},
+            fix="fewer query tokens per request (s_q) or requests per call, so that "
+                f"{label} <= {top}; or a build whose combine grid has room for it",
+            failure=p.gen["combine"].get("grid_failure")))
+    return out
+
+
+@rule("FMLA018", subject=REUSE_KIND)
+def sched_meta_reuse(s: ReuseCheck):
+    """A schedule may be reused only for a call that needs exactly that schedule.
+
+    ## What it checks
+    ``get_mla_metadata()`` returns an empty ``FlashMLASchedMeta``; the first
+    ``flash_mla_with_kvcache`` call fills it and later calls reuse it. On reuse the library compares
+    only shape fields (b, s_q, h_q, page sizes, h_k, causal, fp8, topk, extra_topk). The values of
+    ``topk_length`` / ``extra_topk_length`` (dense: ``cache_seqlens``) and ``enable_batch_invariant``
+    are not compared, yet the schedule depends on them. The check compares the scheduler's output
+    for both calls; 1408756's plain metadata tensors are compared on nothing.
+
+    ## Why it crashes
+    A changed shape field: a Python ``AssertionError`` (recoverable). Changed lengths: the kernels run
+    the stale partitions: blocks past the planned lengths are never attended and splits are merged
+    by the old ``num_splits`` - silently wrong attention, or reads past the buffers when b grew.
+
+    ## Example
+    Planned with ``topk_length = [64] * 4``, reused with ``[512] * 4`` (topk 512): each request needs 8
+    blocks, the schedule covers 1.
+
+    ## Fix
+    Make a new ``FlashMLASchedMeta`` (call ``get_mla_metadata()``) whenever the lengths, shapes or
+    ``enable_batch_invariant`` change, e.g. once per forward and per layer group of equal lengths.
+
+    ## Source
+    FlashMLA 9241ae3 ``flash_mla/flash_mla_interface.py:139-149``; current kernels: lengths not compared
+    (flashmla-builds.md section 3).
+    """
+    changed = s.changed_fields()
+    checks = s.gen.get("sched_meta_checks", {})
+    if changed:
+        return [sched_meta_reuse.rule.finding(
+            f"{name} expected {a} (the value the schedule was planned for), got {b}", subject=s.label or s.summary(),
+            numbers={"field": name, "planned": a, "reused": b}, failure=checks.get("failure") or None,
+            fix="make a new FlashMLASchedMeta for this call (get_mla_metadata())") for name, a, b in changed]
+    inv = s.planned.call.enable_batch_invariant != s.reused.call.enable_batch_invariant
+    if not inv and not s.schedules_differ():
+        return None
+    what = "enable_batch_invariant" if inv else "per-row lengths (topk_length / extra_topk_length / cache_seqlens)"
+    a, b = s.planned.schedule, s.reused.schedule
+    got = f"planned num_splits total {a.total_splits if a else 0}, needed {b.total_splits if b else 0}"
+    return [sched_meta_reuse.rule.finding(
+        f"the reused call needs another schedule: {what} changed on {s.gen['build']}; expected the schedule "
+        f"it was planned with, got a different one ({got})",
+        subject=s.label or s.summary(), numbers={"changed": what},
+        fix="make a new FlashMLASchedMeta whenever the lengths change (the library does not compare them)")]
+
+
+@rule("FMLA019", subject=INDICES_KIND)
+def decode_indices(s: IndicesCheck):
+    """Sparse decode indices must be ``-1`` or a token slot of the KV cache.
+
+    ## What it checks
+    Every index the kernel reads (all of a row, or its first ``topk_length`` on MODEL1) is either
+    exactly ``-1`` (skipped) or in ``[0, num_blocks * page_size)``.
+
+    ## Why it crashes
+    The kernels do not bounds-check indices. ``-1`` is mapped to block 0 and masked; any other value
+    (``-2``, ``INT_MAX``, a slot of another pool) is split into a block and row by unsigned division
+    and read: an illegal memory access (reported at a later CUDA check, e.g. ``combine.cu``), or
+    silently wrong attention when the address is mapped.
+
+    ## Example
+    Padding rows filled with ``0x7fffffff`` instead of ``-1``; indices built for a larger pool.
+
+    ## Fix
+    Fill unused index slots with ``-1`` and keep indices below the pool's ``num_blocks * page_size``.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:531-539``; 1408756
+    ``csrc/sm90/decode/sparse_fp8/splitkv_mla.cu:484-522``; current kernels skip only -1
+    (flashmla-builds.md section 3).
+    """
+    bad = s.bad()
+    if not bad.any():
+        return None
+    flat = s.indices.reshape(bad.shape)
+    row, pos = (int(x) for x in np.argwhere(bad)[0])
+    v = int(flat[row, pos])
+    return [decode_indices.rule.finding(
+        f"indices[{row}][{pos}] expected -1 or 0..{s.num_kv_tokens - 1}, got {v} ({int(bad.sum())} value(s) outside the cache)",
+        subject=s.label or f"decode indices row {row}",
+        numbers={"row": row, "position": pos, "value": v, "num_kv_tokens": s.num_kv_tokens, "count": int(bad.sum())},
+        fix="fill unused index slots with -1 and keep indices below num_blocks * page_size")]
+
+
+@rule("FMLA020", reads="lengths")
+def empty_dense_row(p: Plan):
+    """Dense fp8 decode: every request needs ``cache_seqlens >= 1`` (CUDA-graph padding rows too).
+
+    ## What it checks
+    The dense fp8 attention kernel (``fwd_kvcache_mla_fp8``, FlashMLA's first-generation kernel; a
+    ``dense_fp8`` record with ``"entry": "fwd_kvcache_mla_fp8"``) is judged for requests of length 0,
+    which engines create when they pad a batch up to a captured CUDA graph. The first-generation
+    scheduler still places a 0-block request in a partition; the metadata op alone is fine with it.
+
+    ## Why it crashes
+    The kernel starts at block ``ceil(seqlen/64) - 1 = -1``: it reads ``block_table[row][-1]`` (before
+    the table for row 0) and copies a 64-token tile from the page that entry names. With padding rows
+    whose ``block_table`` is -1 that is the page before the KV pool: an illegal memory access, or a
+    silent read of another request's page. The TMA-based kernels (dense SM90 of 1408756 / 9241ae3)
+    pass the page to a TMA load, whose out-of-range coordinates are zero-filled: no fault there.
+
+    ## Example
+    ``{"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
+    "seqlens": [900, 12, 0, 0]}``: two padding rows.
+
+    ## Fix
+    Pad with ``cache_seqlens = 1`` and a valid dummy page in ``block_table`` (or trim the padding rows).
+
+    ## Source
+    vllm-project/FlashMLA 46d64a8 ``csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:292``,
+    ``:414-415``, ``:455-458``; read from source, not measured.
+    """
+    c = p.call
+    fact = p.gen.get("empty_row_read")
+    if fact is None or not isinstance(c, DecodeCall) or c.entry != fact["entry"] or c.seqlens is None \
+            or not c.seqlens.shape[0]:
+        return None
+    empty = c.seqlens == 0
+    if not empty.any():
+        return None
+    i = int(empty.argmax())
+    return [empty_dense_row.rule.finding(
+        f"request {i} cache_seqlens expected >= 1 on {p.gen['build']}'s dense fp8 kernel, got 0 "
+        f"({int(empty.sum())} empty request(s): it reads block_table[{i}][-1] and that page)",
+        subject=f"{_subject(p)} request {i}", numbers={"request": i, "count": int(empty.sum())},
+        fix="pad CUDA-graph rows with cache_seqlens 1 and a valid dummy page, or trim them",
+        failure=fact["failure"])]

@@ -254,6 +254,8 @@ def op_decode(job, stage, partial) -> dict:
     api = info["api"]
     if call.entry == "get_mla_decoding_metadata":
         return _hoisted(torch, dev, mod, info, call, job, stage, partial)
+    if call.entry != "flash_mla_with_kvcache":
+        raise Unsupported(f"kernel mode runs the metadata of {call.entry} calls, not the kernel itself")
     if call.is_sparse and "indices" not in info["features"]:
         raise Unsupported(f"{info['module']} has no sparse decode (no indices parameter)")
     stage("inputs")

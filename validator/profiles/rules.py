@@ -1,9 +1,10 @@
-"""SGL0xx (engine routing) and SLOT0xx (request slots): rules over a BatchPlan."""
+"""SGL0xx (engine routing), SLOT0xx (request slots) and CG0xx (CUDA-graph replay): rules over a BatchPlan."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..batch import RequestColumns
+from ..forward import forward_rows
 from ..registry import rule
 
 
@@ -310,3 +311,87 @@ def per_dp_buffer_global_slot(bp):
                     numbers={"request": rid, "slot": slot, "buffer": buf.name, "buffer_rows": buf.rows},
                     fix="size the buffer for all DP ranks' slots, or index it with the local slot"))
     return out
+
+
+def _real_rows(bp) -> int:
+    """Query rows of the forward before CUDA-graph padding."""
+    rows, bd = forward_rows(bp.batch)
+    return rows - bd.get("padding_rows", 0)
+
+
+@rule("CG001", scope="batch", reads="rows")
+def graph_rows(bp):
+    """A replayed CUDA graph runs the rows it was captured with: the forward must not have more.
+
+    ## What it checks
+    ``cuda_graph.captured_rows`` is the number of query rows the graph was captured with (batch size
+    x query tokens per request); the forward's real rows (before padding) must not exceed it. Rows
+    below it are padded up to it (``seq_len`` 0 / ``topk_length`` 0 rows, ``block_table`` -1, indices
+    -1), and the kernel calls are judged with the padded rows.
+
+    ## Why it crashes
+    A graph replays fixed launch shapes: rows past the captured batch are never computed (silently
+    wrong), and an engine that copies them into the graph's static buffers writes past their end.
+
+    ## Example
+    ``cuda_graph: {captured_rows: 256}`` with 300 decode requests.
+
+    ## Fix
+    Run the forward eagerly (SGLang does above its largest captured batch size) or capture a graph
+    for this many rows (``--cuda-graph-max-bs``).
+
+    ## Source
+    CUDA graphs replay fixed launch shapes (CUDA C++ Programming Guide, CUDA Graphs); SGLang's
+    CudaGraphRunner pads a batch up to a captured size.
+    """
+    g = bp.batch.cuda_graph
+    if not g:
+        return None
+    real, cap = _real_rows(bp), g["captured_rows"]
+    if real <= cap:
+        return None
+    return [graph_rows.rule.finding(
+        f"the {bp.batch.forward_mode} forward has {real} query rows; expected <= {cap} (the captured graph's rows), got {real}",
+        subject=f"{bp.batch.forward_mode} forward of {len(bp.batch.requests)} request(s)",
+        numbers={"rows": real, "captured_rows": cap},
+        fix=f"run this forward eagerly or capture a graph of >= {real} rows; or split it into steps of <= {cap} rows")]
+
+
+@rule("CG002", scope="batch", reads="config")
+def graph_metadata_rows(bp):
+    """The FlashMLA metadata of a replayed graph must be computed for every row the graph runs.
+
+    ## What it checks
+    ``cuda_graph.metadata_rows`` (the rows ``tile_scheduler_metadata`` / ``num_splits`` were computed
+    for) must be at least ``captured_rows``: the captured kernels run all captured rows, padding rows
+    included. A padding row (length 0) still counts one 64-token block in the schedule, so the
+    metadata of the real rows alone is not the metadata of the padded call: ``num_splits`` has
+    ``b + 1`` entries for the rows it was computed for, and its partitions end at those rows.
+
+    ## Why it crashes
+    The combine kernel reads ``num_splits[row]`` and ``num_splits[row + 1]`` for every row of its grid,
+    and the split-KV kernel reads its partition rows; past the computed rows the entries are stale
+    (from an earlier step) or unwritten: o_accum is read at wrong split offsets - an illegal memory
+    access or silently wrong attention.
+
+    ## Example
+    ``cuda_graph: {captured_rows: 64, metadata_rows: 40}``: 40 real decode requests in a 64-row graph
+    whose metadata was computed before padding.
+
+    ## Fix
+    Compute the metadata after padding, for the captured rows (padding rows with length 0), in the
+    graph's static metadata buffers.
+
+    ## Source
+    FlashMLA 9241ae3 ``csrc/smxx/decode/combine/combine.cu:36-37``; 1408756 ``csrc/smxx/mla_combine.cu:24-25``;
+    9241ae3 ``csrc/sm90/decode/dense/splitkv_mla.cuh:1020-1021``.
+    """
+    g = bp.batch.cuda_graph
+    if not g or g["metadata_rows"] >= g["captured_rows"]:
+        return None
+    m, cap = g["metadata_rows"], g["captured_rows"]
+    return [graph_metadata_rows.rule.finding(
+        f"the graph runs {cap} rows but its FlashMLA metadata was computed for {m}; expected metadata_rows >= {cap}, "
+        f"got {m} (num_splits entries {m + 1}..{cap} are stale)",
+        subject="replayed CUDA graph", numbers={"metadata_rows": m, "captured_rows": cap},
+        fix=f"compute the metadata after padding, for all {cap} rows (padding rows with length 0)")]

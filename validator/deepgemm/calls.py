@@ -1,0 +1,150 @@
+"""DeepGEMM paged MQA-logits metadata calls and their plans.
+
+Record (``validate-batch check``): ``{"kind": "paged_mqa_logits_metadata", "batch": B, "next_n": 1,
+"varlen": false, "caller": "sglang-0.5.23", "jit_indexer_metadata": false, "version": "deepgemm-54e2261"}``.
+``batch`` is ``context_lens.size(0)`` (requests); ``caller`` (optional) names an engine version that may
+replace DeepGEMM's planner by its own (``callers`` in ``rules/deepgemm.json``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import InputError
+from ..fields import bool_field, field_name, int_field
+from ..knowledge import GPU, load, resolve_gpu
+from ..limits import echo
+
+RULE_KIND = "deepgemm"
+KINDS = ("paged_mqa_logits_metadata",)
+KEYS = frozenset({"kind", "batch", "next_n", "varlen", "caller", "jit_indexer_metadata", "version", "label"})
+MAX_BATCH = 1 << 24
+
+
+def _align(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+def version(name: str | None) -> dict:
+    data = load("deepgemm")
+    key = name or data["default"]
+    if key not in data["versions"]:
+        raise InputError("version", f"unknown DeepGEMM version {echo(key)}; known: {', '.join(data['versions'])}")
+    return {"name": key, **data["versions"][key]}
+
+
+@dataclass(frozen=True)
+class MqaMetadataCall:
+    """``get_paged_mqa_logits_metadata(context_lens [batch, next_n], block_kv, num_sms, indices)``."""
+
+    batch: int
+    next_n: int = 1
+    varlen: bool = False
+    caller: str | None = None
+    jit_indexer_metadata: bool = False
+    label: str = ""
+    kind: str = "paged_mqa_logits_metadata"
+
+    @property
+    def rows(self) -> int:
+        """Query rows of the indexer call: requests x next_n."""
+        return self.batch * self.next_n
+
+    def summary(self) -> str:
+        via = f" from {self.caller}" if self.caller else ""
+        return f"paged_mqa_logits_metadata batch={self.batch} next_n={self.next_n}{' varlen' if self.varlen else ''}{via}"
+
+    def to_record(self) -> dict:
+        rec: dict = {"kind": self.kind, "batch": self.batch, "next_n": self.next_n}
+        if self.varlen:
+            rec["varlen"] = True
+        if self.caller:
+            rec["caller"] = self.caller
+        if self.label:
+            rec["label"] = self.label
+        return rec
+
+
+@dataclass(frozen=True, eq=False)
+class DeepGemmPlan:
+    """Which planner runs the call (DeepGEMM's, or the caller's replacement) and its shared memory."""
+
+    call: MqaMetadataCall
+    gpu: GPU
+    facts: dict
+    rule_kind: str = RULE_KIND
+    implementation = None
+    num_sm_parts = None
+
+    @property
+    def gen(self) -> dict:
+        return {"build": self.facts["name"]}
+
+    @property
+    def caller_facts(self) -> dict | None:
+        c = self.call.caller
+        return None if c is None else load("deepgemm")["callers"][c]
+
+    @property
+    def replaced(self) -> bool:
+        """The caller runs its own planner instead of DeepGEMM's for this call."""
+        cf = self.caller_facts
+        if cf is None or self.call.next_n != 1:
+            return False
+        return self.call.jit_indexer_metadata or self.call.rows > cf["replacement_threshold"]
+
+    @property
+    def layout(self) -> dict | None:
+        """The metadata kernel's shared-memory layout for this GPU's architecture (None: none)."""
+        md = self.facts["metadata"]
+        return md.get(str(self.gpu.arch), md.get("*"))
+
+    @property
+    def smem_bytes(self) -> int | None:
+        lay = self.layout
+        if lay is None:
+            return None
+        per, base = lay["bytes_per_row"], lay["base_bytes"]
+        if self.call.varlen:
+            per, base = lay.get("varlen_bytes_per_row", per), lay.get("varlen_base_bytes", base)
+        return base + per * _align(self.call.batch, lay["row_align"])
+
+    @property
+    def max_batch(self) -> int | None:
+        """Largest batch whose metadata fits DeepGEMM's shared-memory capacity."""
+        lay = self.layout
+        if lay is None:
+            return None
+        per, base = lay["bytes_per_row"], lay["base_bytes"]
+        if self.call.varlen:
+            per, base = lay.get("varlen_bytes_per_row", per), lay.get("varlen_base_bytes", base)
+        units = (self.facts["smem_capacity"] - base) // per
+        return units // lay["row_align"] * lay["row_align"]
+
+    def to_dict(self, with_schedule: bool = True) -> dict:
+        return {"call": self.call.to_record(), "implementation": None, "num_sm_parts": None,
+                "deepgemm": self.facts["name"], "planner": "caller" if self.replaced else "deepgemm",
+                "smem_bytes": None if self.replaced else self.smem_bytes}
+
+
+def call_from_record(rec: Mapping, prefix: str = "") -> MqaMetadataCall:
+    if rec.get("kind") not in KINDS:
+        raise InputError(field_name(prefix, "kind"), f"expected one of {', '.join(KINDS)}, got {echo(rec.get('kind'))}")
+    for k in rec:
+        if k not in KEYS:
+            raise InputError(field_name(prefix, str(k)), f"unknown field (known: {', '.join(sorted(KEYS))})")
+    caller = rec.get("caller")
+    callers = load("deepgemm")["callers"]
+    if caller is not None and caller not in callers:
+        raise InputError(field_name(prefix, "caller"), f"expected one of {', '.join(callers)}, got {echo(caller)}")
+    return MqaMetadataCall(int_field(rec, "batch", prefix, 1, MAX_BATCH), int_field(rec, "next_n", prefix, 1, 64, 1),
+                           bool_field(rec, "varlen", prefix, False), caller,
+                           bool_field(rec, "jit_indexer_metadata", prefix, False), str(rec.get("label") or ""))
+
+
+def plan(call: MqaMetadataCall | Mapping, gpu: Any = "H200", name: str | None = None, prefix: str = "") -> DeepGemmPlan:
+    """Plan one metadata call (a record or a call object) on ``gpu`` for DeepGEMM version ``name``."""
+    if isinstance(call, Mapping):
+        name = name or call.get("version")
+        call = call_from_record(call, prefix)
+    return DeepGemmPlan(call, resolve_gpu(gpu), version(name))

@@ -1,0 +1,59 @@
+"""DG0xx: limits of DeepGEMM's paged MQA-logits metadata (the DSA indexer's scheduler)."""
+from __future__ import annotations
+
+from ..knowledge import load, sm_name
+from ..registry import rule
+from .calls import RULE_KIND, DeepGemmPlan
+
+
+@rule("DG001", reads="rows", subject=RULE_KIND)
+def mqa_metadata_smem(p: DeepGemmPlan):
+    """DeepGEMM's paged MQA-logits metadata kernel keeps per-request arrays in shared memory.
+
+    ## What it checks
+    ``get_paged_mqa_logits_metadata`` asks for ``4*align(b, 32)`` bytes (DeepGEMM up to 7f2a703, and
+    SM90 in 54e2261: b <= 58112), ``4*(3*align(b, 32)+1)`` with varlen indices (88965b0: b <= 19360),
+    or ``8*b`` on SM100 in 54e2261 (b <= 29056), against DeepGEMM's own capacity of 232448 bytes.
+    ``b`` is ``context_lens.size(0)``: requests. SGLang 0.5.23's DeepSeek-V4 indexer replaces the
+    call by its own JIT planner (no shared-memory bound) when each request has one query row and the
+    forward has more than 11673 rows (or ``SGLANG_OPT_USE_JIT_INDEXER_METADATA`` is set); with
+    several rows per request (speculative verify) DeepGEMM's planner always runs.
+
+    ## Why it crashes
+    DeepGEMM's host assertion ``smem_size <= SM90ArchSpec::smem_capacity`` (or ``SM100ArchSpec``)
+    throws: ``Assertion error (.../sm100_mqa_logits.hpp:65): ...`` - a Python ``RuntimeError``; the
+    indexer step fails.
+
+    ## Example
+    ``{"kind": "paged_mqa_logits_metadata", "batch": 29057}`` on a B200 with DeepGEMM 54e2261.
+
+    ## Fix
+    Chunk the indexer's rows (one metadata call per chunk of <= the limit), or let the engine's
+    replacement planner take the call (SGLang: ``SGLANG_OPT_USE_JIT_INDEXER_METADATA=1``).
+
+    ## Source
+    DeepGEMM 54e2261 ``csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:210-212``,
+    ``sm100_mqa_logits.hpp:64-65``; 88965b0 / 7f2a703 ``smxx_fp8_fp4_paged_mqa_logits.hpp``;
+    SGLang 0.5.23 ``srt/layers/attention/dsv4/metadata.py:66`` and ``:212-218``.
+    """
+    if p.replaced:
+        return None
+    need = p.smem_bytes
+    cap = p.facts["smem_capacity"]
+    if need is None or need <= cap:
+        return None
+    c = p.call
+    top = p.max_batch
+    why = ""
+    cf = p.caller_facts
+    if cf is not None:
+        why = (f"; {c.caller} keeps DeepGEMM's planner here (its replacement runs only for one row per request "
+               f"and more than {cf['replacement_threshold']} rows)")
+    steps = -(-c.batch // top)
+    return [mqa_metadata_smem.rule.finding(
+        f"batch {c.batch} needs {need} B of shared memory in DeepGEMM {p.facts['name']}'s MQA-logits metadata on "
+        f"{sm_name(p.gpu.arch)}; expected <= {cap} B (batch <= {top}), got {need} B{why}",
+        subject=c.label or c.summary(), numbers={"batch": c.batch, "max_batch": top, "smem_bytes": need, "smem_limit": cap},
+        fix=f"chunk the indexer metadata into at least {steps} calls of <= {top} requests"
+            + (", or set SGLANG_OPT_USE_JIT_INDEXER_METADATA=1" if cf is not None and c.next_n == 1 else ""),
+        failure=load("deepgemm")["failure"])]

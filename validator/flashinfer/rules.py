@@ -1,0 +1,137 @@
+"""FI0xx: limits of FlashInfer's trtllm-gen decode kernels and of its MLA ``plan()``."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..knowledge import grid_limits
+from ..registry import rule
+from .calls import RULE_KIND, FlashInferPlan, MlaPlanCall
+
+
+def _subject(p: FlashInferPlan) -> str:
+    return p.call.label or p.call.summary()
+
+
+@rule("FI001", reads="rows", subject=RULE_KIND)
+def trtllm_gen_batch_grid(p: FlashInferPlan):
+    """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most 65535 requests per call.
+
+    ## What it checks
+    ``trtllm_batch_decode_with_kv_cache_mla`` (and the FMHA decode entry) launch one CTA column per
+    request along the grid's z axis, whose CUDA limit is 65535.
+
+    ## Why it crashes
+    It does not crash, which is worse: ``cuLaunchKernelEx`` fails, FlashInfer's error check only
+    prints ``CUDA Error: CUDA_ERROR_INVALID_VALUE .../fmhaKernels.cuh 451`` and returns. The output
+    tensor is never written; the step goes on with whatever it held - silently wrong attention.
+
+    ## Example
+    ``{"kind": "trtllm_gen_mla", "batch": 65536, "q_len_per_request": 1, "h_q": 128}``.
+
+    ## Fix
+    Split decode batches above 65535 requests (``--max-running-requests``, or per-DP-rank batches).
+
+    ## Source
+    flashinfer fb28d72 ``include/flashinfer/trtllm/fmha/fmhaKernels.cuh:579`` (the batch on z),
+    ``:451`` (launch), ``include/flashinfer/trtllm/common.h:44-54`` (prints and continues).
+    """
+    g = p.grid
+    if g is None:
+        return None
+    top = grid_limits()[g["axis"]]
+    if g["value"] <= top:
+        return None
+    steps = -(-g["value"] // top)
+    return [trtllm_gen_batch_grid.rule.finding(
+        f"batch {g['value']} is launched on gridDim.{g['axis']}; expected <= {top}, got {g['value']} "
+        f"(FlashInfer {p.facts['name']}: the launch error is only printed and the output is left unwritten)",
+        subject=_subject(p), numbers={"batch": g["value"], "max_batch": top, "axis": g["axis"]},
+        fix=f"split into at least {steps} calls of <= {top} requests")]
+
+
+def _first_drop(a: np.ndarray) -> int | None:
+    """Index i of the first ``a[i+1] < a[i]`` (None: non-decreasing)."""
+    if a.shape[0] < 2:
+        return None
+    d = np.diff(a) < 0
+    return int(d.argmax()) if d.any() else None
+
+
+@rule("FI002", subject=RULE_KIND)
+def mla_plan_qo_lengths(p: FlashInferPlan):
+    """MLA ``plan()``: every request's query length ``qo_indptr[i+1] - qo_indptr[i]`` must be >= 0.
+
+    ## What it checks
+    ``qo_indptr`` is non-decreasing: each request has a non-negative number of query tokens.
+
+    ## Why it crashes
+    ``MLAPlan`` checks each length and throws: ``Error in function 'MLAPlan' at
+    .../scheduler.cuh:1599: qo_indptr[i+1]X - qo_indptr[i]Y should be non-negative`` - a Python
+    ``RuntimeError``; recoverable, but the step fails.
+
+    ## Example
+    ``{"kind": "mla_plan", "qo_indptr": [0, 4, 3], "kv_indptr": [0, 1, 2]}``: request 1 has -1 tokens.
+
+    ## Fix
+    Build ``qo_indptr`` as the cumulative sum of non-negative query lengths (a request scheduled with
+    no new tokens has length 0).
+
+    ## Source
+    flashinfer fb28d72 ``include/flashinfer/attention/scheduler.cuh:1594-1600``.
+    """
+    c = p.call
+    if not isinstance(c, MlaPlanCall):
+        return None
+    i = _first_drop(c.qo_indptr)
+    if i is None:
+        return None
+    n = int((np.diff(c.qo_indptr) < 0).sum())
+    a, b = int(c.qo_indptr[i]), int(c.qo_indptr[i + 1])
+    return [mla_plan_qo_lengths.rule.finding(
+        f"request {i} query length qo_indptr[{i + 1}] - qo_indptr[{i}] expected >= 0, got {b} - {a} = {b - a} "
+        f"({n} request(s) negative)",
+        subject=f"{_subject(p)} request {i}", numbers={"request": i, "qo_len": b - a, "count": n},
+        fix="build qo_indptr as the cumulative sum of non-negative query lengths",
+        failure=p.facts["mla_plan"]["qo_failure"])]
+
+
+@rule("FI003", subject=RULE_KIND)
+def mla_plan_kv_lengths(p: FlashInferPlan):
+    """MLA ``plan()``: KV lengths must be >= 0 and ``kv_indptr`` non-decreasing (not checked by FlashInfer).
+
+    ## What it checks
+    Each ``kv_len[i] >= 0`` and ``kv_indptr[i+1] >= kv_indptr[i]`` (pages per request).
+
+    ## Why it crashes
+    ``MLAPlan`` takes the KV lengths as given. A negative one never enters its work loop, so the
+    request gets no work item and its output rows are never written (silently wrong); a decreasing
+    ``kv_indptr`` points the request's pages at another request's.
+
+    ## Example
+    ``{"kind": "mla_plan", "qo_indptr": [0, 1, 2], "kv_indptr": [0, 3, 2], "kv_len": [130, -2]}``.
+
+    ## Fix
+    Derive ``kv_len`` and ``kv_indptr`` from the same non-negative sequence lengths.
+
+    ## Source
+    flashinfer fb28d72 ``include/flashinfer/attention/scheduler.cuh:1606`` and ``:1710-1711``.
+    """
+    c = p.call
+    if not isinstance(c, MlaPlanCall):
+        return None
+    out = []
+    i = _first_drop(c.kv_indptr)
+    if i is not None:
+        a, b = int(c.kv_indptr[i]), int(c.kv_indptr[i + 1])
+        out.append(mla_plan_kv_lengths.rule.finding(
+            f"request {i} pages kv_indptr[{i + 1}] - kv_indptr[{i}] expected >= 0, got {b} - {a} = {b - a}",
+            subject=f"{_subject(p)} request {i}", numbers={"request": i, "field": "kv_indptr", "value": b - a},
+            fix="build kv_indptr as the cumulative sum of each request's page count",
+            failure=p.facts["mla_plan"]["kv_failure"]))
+    if c.kv_len is not None and c.kv_len.shape[0] and int(c.kv_len.min()) < 0:
+        j = int(np.argmax(c.kv_len < 0))
+        out.append(mla_plan_kv_lengths.rule.finding(
+            f"request {j} kv_len expected >= 0, got {int(c.kv_len[j])}",
+            subject=f"{_subject(p)} request {j}", numbers={"request": j, "field": "kv_len", "value": int(c.kv_len[j])},
+            fix="pass each request's KV length (>= 0)", failure=p.facts["mla_plan"]["kv_failure"]))
+    return out
