@@ -178,3 +178,66 @@ def test_int_vector_fast_path_equals_the_element_loop(impl, monkeypatch):
     for (v, n, lo, hi), got in zip(cases, fast):   # and from first principles
         assert (got[0] == "ok") == all((type(x) is int or isinstance(x, np.integer)) and type(x) is not bool
                                        and lo <= int(x) <= hi for x in v)
+
+
+def _tree(rng: random.Random, depth: int = 0):
+    r = rng.random()
+    if depth > 4 or r < 0.3:
+        return rng.choice([0, -1, 7, 2 ** 63, -(2 ** 63) - 1, 2 ** 64, 1.5, "s", "x" * 30, True, None])
+    if r < 0.55:      # a column of numbers (sometimes with something else in it)
+        col = [rng.choice([1, -5, 2 ** 63 - 1, 2 ** 64, -(2 ** 63), 0.25]) for _ in range(rng.randint(0, 9))]
+        if col and rng.random() < 0.2:
+            col[rng.randrange(len(col))] = rng.choice(["a", [1], None, True])
+        return col
+    if r < 0.8:       # a table: rows of numbers
+        rows = [[rng.randint(-9, 9) for _ in range(rng.randint(0, 8))] for _ in range(rng.randint(1, 6))]
+        if rng.random() < 0.3:
+            rows.append(rows[0])                  # a shared row
+        if rng.random() < 0.2:
+            rows[rng.randrange(len(rows))] = rng.choice([(1, 2), "row", [[1]], [2.5, 1]])
+        return rows
+    return {f"k{i}": _tree(rng, depth + 1) for i in range(rng.randint(0, 4))} if rng.random() < 0.5 else \
+        [_tree(rng, depth + 1) for _ in range(rng.randint(0, 4))]
+
+
+def test_tree_limits_fast_paths_equal_the_value_by_value_walk(monkeypatch):
+    from validator import limits
+    rng = random.Random(13)
+
+    def outcome(tree, nodes, depth):
+        try:
+            limits.check_tree(tree, "FILE", max_depth=depth, max_nodes=nodes, max_string=20)
+        except InputError as e:
+            return str(e)
+        return None
+
+    for _ in range(1500):
+        tree = _tree(rng)
+        nodes, depth = rng.choice([1, 5, 20, 60, 10 ** 6]), rng.choice([1, 2, 3, 4, 64])
+        fast = outcome(tree, nodes, depth)
+        with monkeypatch.context() as m:       # every value pushed and looked at alone
+            m.setattr(limits, "_plain_numbers", lambda x: False)
+            m.setattr(limits, "_number_rows", lambda x: False)
+            assert outcome(tree, nodes, depth) == fast, (tree, nodes, depth)
+
+
+def test_json_without_the_integer_hook_reads_the_same(monkeypatch):
+    import json
+
+    from validator import inputs, limits
+    rng = random.Random(17)
+    digits = limits.MAX_DOCUMENT_INT_DIGITS
+    for _ in range(300):
+        n = rng.choice([1, 19, 20, 21, digits - 1, digits, digits + 1, digits + 5])
+        num = rng.choice(["", "-"]) + str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(n - 1))
+        text = json.dumps({"a": [1, 2, -3], "s": "9" * rng.choice([5, digits + 1])})[:-1] + f', "n": {num}}}'
+        def read():
+            try:
+                return ("ok", inputs._loads(text))
+            except InputError as e:
+                return ("error", str(e))
+        fast = read()
+        with monkeypatch.context() as m:       # the hook on every integer
+            m.setattr(inputs, "_LONG_DIGITS", type("Always", (), {"search": staticmethod(lambda t: True)}))
+            assert read() == fast
+        assert (fast[0] == "ok") == (n <= digits)
