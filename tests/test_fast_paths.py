@@ -241,3 +241,33 @@ def test_json_without_the_integer_hook_reads_the_same(monkeypatch):
             m.setattr(inputs, "_LONG_DIGITS", type("Always", (), {"search": staticmethod(lambda t: True)}))
             assert read() == fast
         assert (fast[0] == "ok") == (n <= digits)
+
+
+def test_first_snap_equals_the_residue_walk():
+    """The period's first snapping partition by jumps (one per wrap) against the walk k = 1, 2, ...
+    over the residues k * step mod w, written here."""
+    from validator.flashmla.schedule import _first_snap
+
+    def walk(step, w, lo, kmax):
+        for k in range(1, kmax + 1):
+            r = k * step % w
+            if r == 0 or r >= lo:
+                return k
+        return 0
+
+    rng = random.Random(19)
+    for _ in range(100000):
+        w = rng.randint(1, rng.choice([4, 60, 5000]))
+        step, lo, kmax = rng.randrange(w), rng.randint(1, w), rng.randint(1, 300)
+        assert _first_snap(step, w, lo, kmax) == walk(step, w, lo, kmax), (step, w, lo, kmax)
+
+
+def test_min_max_of_short_and_long_arrays():
+    rng = random.Random(23)
+    for _ in range(2000):
+        n = rng.choice([1, 2, 15, 16, 17, rng.randint(1, 500)])
+        v = [rng.randint(-(2 ** 62), 2 ** 62) for _ in range(n)]
+        dtype = rng.choice([np.int64, np.int32, np.uint32]) if max(map(abs, v)) < 2 ** 31 else np.int64
+        a = np.array([abs(x) % 2 ** 31 for x in v] if dtype != np.int64 else v, dtype=dtype)
+        got = fields.min_max(a)
+        assert got == (min(a.tolist()), max(a.tolist())) and all(type(x) is int for x in got)
