@@ -126,13 +126,16 @@ def metadata(
         if not docs:
             raise InputError("FILE", "no call records")
         calls = calls_from_records(docs)
+        del docs                    # the records' lists, once every call is validated
         plans = [make_plan(c, g, kernel) for c in calls]
+        del calls
     except InputError as e:
         _fail_input(output, e, file)
     any_illegal = False
     units = []
     counts: dict = {}
-    for i, p in enumerate(plans):
+    for i in range(len(plans)):
+        p, plans[i] = plans[i], None    # each call's schedule and rows are dropped once written
         findings = [f for f in check_plan(p) if formats.selected(f.code, sel, ign)]
         for f in findings:
             counts[f.code] = counts.get(f.code, 0) + 1

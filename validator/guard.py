@@ -35,6 +35,7 @@ from .fields import (
     MAX_POSITION,
     MAX_REQUESTS,
     MAX_TOKENS,
+    SHORT_ARRAY,
     bad_element,
     column,
     int_arg,
@@ -391,9 +392,10 @@ class Checker:
             if ext is not None:
                 return False
             if seq.__class__ is not list:
-                seq = short_int_list(seq)
-                if seq is None:
+                if seq.__class__ is not np.ndarray or seq.ndim != 1 or seq.shape[0] > SHORT_ARRAY \
+                        or seq.dtype.kind not in "iu":
                     return False
+                seq = seq.tolist()      # a short integer array: cheaper as a list (see short_int_list)
             n = len(seq)
             if n == 1:
                 x = seq[0]
@@ -411,9 +413,10 @@ class Checker:
             if seq is not None:
                 return False
             if ext.__class__ is not list:
-                ext = short_int_list(ext)
-                if ext is None:
+                if ext.__class__ is not np.ndarray or ext.ndim != 1 or ext.shape[0] > SHORT_ARRAY \
+                        or ext.dtype.kind not in "iu":
                     return False
+                ext = ext.tolist()      # a short integer array: cheaper as a list (see short_int_list)
             n = len(ext)
             rows = sum_within(ext, 0, MAX_TOKENS)
             if rows < 0 or rows > MAX_ROWS:
@@ -431,7 +434,9 @@ class Checker:
         if slots is not None:
             if slots.__class__ is not list:
                 slots = short_int_list(slots)
-            if slots is None or len(slots) != n:
+                if slots is None:
+                    return False
+            if len(slots) != n:
                 return False
             if n == 1:
                 top = slots[0]
