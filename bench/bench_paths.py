@@ -245,8 +245,12 @@ def print_documents(rows: list[dict]) -> bool:
 
 # ----------------------------------------------------------------------------------- CLI
 def console_script() -> list[str]:
+    """The installed ``validate-batch`` (beside this Python, else on PATH), else ``python -m validator.cli``."""
     exe = Path(sys.executable).with_name("validate-batch")
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "validator.cli"]
+    if exe.is_file():
+        return [str(exe)]
+    found = shutil.which("validate-batch")
+    return [found] if found else [sys.executable, "-m", "validator.cli"]
 
 
 def oracle_file() -> Path:
