@@ -186,9 +186,16 @@ def int_array_within(v: list, lo: int, hi: int) -> np.ndarray | None:
     if c is not None:
         a = np.empty(len(v), dtype=np.int64)
         return a if c.int_column(v, lo, hi, a) < 0 else None
-    if set(map(type, v)) != _INT_TYPES or min(v) < lo or max(v) > hi:
+    try:        # numpy reads the list in C; its dtype and range decide (see column for the 0 / 1 case)
+        a = np.array(v)
+    except (ValueError, TypeError, OverflowError):
         return None
-    return np.array(v, dtype=np.int64)
+    if a.dtype != np.int64 or a.ndim != 1:
+        return None
+    mn, mx = min_max(a)
+    if mn < lo or mx > hi or (mn <= 1 and set(map(type, v)) != _INT_TYPES):
+        return None
+    return a
 
 
 def column_slow(v: list, name: str, lo: int, hi: int) -> list:
