@@ -273,3 +273,24 @@ def test_min_max_of_short_and_long_arrays():
         a = np.array([abs(x) % 2 ** 31 for x in v] if dtype != np.int64 else v, dtype=dtype)
         got = fields.min_max(a)
         assert got == (min(a.tolist()), max(a.tolist())) and all(type(x) is int for x in got)
+
+
+def test_xml_escaping_equals_the_standard_library():
+    from xml.sax.saxutils import escape, quoteattr
+
+    from validator import formats
+    rng = random.Random(29)
+    for _ in range(5000):
+        s = "".join(rng.choice("ab&<>\"'\n\r\t é") for _ in range(rng.randint(0, 14)))
+        assert formats.xml_escape(s) == escape(s)
+        assert formats.quoteattr(s) == quoteattr(s)
+
+
+def test_long_digit_runs_are_found_wherever_they_are():
+    from validator import inputs, limits
+    d = limits.MAX_DOCUMENT_INT_DIGITS
+    for before, after in (("", ""), ("[", "]"), ("x", ","), ("-", ""), ("1.", "e5")):
+        assert inputs._LONG_DIGITS.search(before + "7" * (d + 1) + after) is not None
+        assert inputs._LONG_DIGITS.search(before + "7" * d + after) is None
+    many = "[" + ",".join(["9" * d] * 200) + "," + "9" * (d + 1) + "]"
+    assert inputs._LONG_DIGITS.search(many) is not None

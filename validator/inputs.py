@@ -42,7 +42,8 @@ def _json_int(text: str) -> int:
     return limits.parse_int(text, "FILE", limits.MAX_DOCUMENT_INT_DIGITS)
 
 
-_LONG_DIGITS = re.compile(r"[0-9]{%d}" % (limits.MAX_DOCUMENT_INT_DIGITS + 1))
+# (a run is tried from its first digit only: the search stays linear on text full of long runs)
+_LONG_DIGITS = re.compile(r"(?<![0-9])[0-9]{%d}" % (limits.MAX_DOCUMENT_INT_DIGITS + 1))
 
 
 def _loads(text: str) -> Any:
