@@ -17,6 +17,8 @@ OPTIONAL = {
 # modules whose function-level imports are deliberate: loaded by every pytest run / CLI start-up
 LAZY_MODULES = {
     "validator.pytest_plugin": "pytest loads the plugin in every run; the package loads on first use",
+    "validator": "the package's names load on first use, so importing one submodule (the command line) "
+                 "does not load every room",
 }
 # the CLI imports a command's heavier rooms when that command runs (each costs 20-45 ms of start-up)
 CLI_MODULES = ("validator.cli", "validator.cli_bisect", "validator.cli_kernel", "validator.output")

@@ -9,12 +9,34 @@ Importable without torch. Main entry points::
     guard = validator.Checker(engine="sglang-dsv4@0.5.10", gpu="H200")   # once per engine configuration
     guard.verdict(schedule_batch)            # every step: LEGAL, or a verdict with the report and split
 """
-from .api import assert_legal, check, check_calls, plan
 from .errors import BatchIllegalError, InputError
-from .explain import explain
-from .guard import LEGAL, Checker, Headroom, Verdict
-from .knowledge import GPU, resolve_gpu
+from .explain import explain  # eager: the name is also a submodule's, which must not shadow it
 from .report import Finding, Report
+
+# The rest loads on first use (``validator.check``, ``from validator import Checker``): importing
+# one submodule (the command line, the pytest plugin) then does not load every room of the package.
+_LAZY = {"check": "api", "check_calls": "api", "plan": "api", "assert_legal": "api", "LEGAL": "guard",
+         "Checker": "guard", "Headroom": "guard", "Verdict": "guard", "GPU": "knowledge", "resolve_gpu": "knowledge"}
+
+
+def __getattr__(name: str):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if where == "api":
+        from . import api as mod
+    elif where == "guard":
+        from . import guard as mod
+    else:
+        from . import knowledge as mod
+    value = getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __version__ = "0.1.0"
 

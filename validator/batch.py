@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence as _SequenceABC
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from . import _accel
 from .errors import InputError
-from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
+from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_array_within, int_field
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
 from .limits import echo
@@ -107,6 +109,13 @@ class RequestColumns(_SequenceABC):
         ids = self.ids[lo:hi] if self.ids is not None else [f"r{k}" for k in range(lo, hi)]
         return RequestColumns(hi - lo, ids, cut(self.extend), cut(self.prefix), cut(self.seq), cut(self.slot),
                               min(max(self.decode_from - lo, 0), hi - lo))
+
+    def total_extend(self) -> int:
+        """The extend tokens of the extend entries, summed."""
+        k = self.decode_from
+        if not k or self.extend is None:
+            return 0
+        return int(np.asarray(self.extend[:k], dtype=np.int64).sum())
 
     def id_list(self) -> list[str]:
         """The request ids, in order."""
@@ -269,6 +278,60 @@ REQUEST_KEYS = {"id", "rid", "extend_tokens", "extend_len", "new_tokens", "prefi
                 "seq_len", "req_pool_idx", "slot", "global_slot", "dp_rank", "kind", "output_len"}
 
 
+# The common shapes of a request entry, read as columns (see request_columns): keys in column order.
+_DECODE_SHAPES = {frozenset(k): k for k in (("id", "seq_len"), ("id", "seq_len", "req_pool_idx"))}
+_EXTEND_SHAPES = {frozenset(k): k for k in (("id", "extend_tokens"), ("id", "extend_tokens", "prefix_len"),
+                                            ("id", "extend_tokens", "req_pool_idx"),
+                                            ("id", "extend_tokens", "prefix_len", "req_pool_idx"))}
+_LIMITS = {"seq_len": (1, MAX_POSITION), "extend_tokens": (0, MAX_TOKENS), "prefix_len": (0, MAX_POSITION),
+           "req_pool_idx": (0, MAX_POSITION)}
+
+
+def request_columns(raw: list) -> RequestColumns | None:
+    """The requests of a document as columns, when every entry is a plain object of one common
+    shape (all ``{id, seq_len[, req_pool_idx]}`` or all ``{id, extend_tokens[, prefix_len][,
+    req_pool_idx]}``, string ids, integer values in range): the same requests
+    :func:`parse_request` makes, read with a few C-speed passes instead of one object each. None
+    for anything else (the caller then parses entry by entry, which names any problem)."""
+    first = raw[0]
+    if first.__class__ is not dict:
+        return None
+    keys = frozenset(first)
+    shape = _DECODE_SHAPES.get(keys) or _EXTEND_SHAPES.get(keys)
+    if shape is None:
+        return None
+    n = len(raw)
+    c = _accel.compiled
+    if c is not None:
+        got = c.dict_columns(raw, shape)
+        if got is None:
+            return None
+        cols = dict(zip(shape, got))
+    else:
+        if set(map(type, raw)) != _DICT_TYPES or sum(map(len, raw)) != len(shape) * n:
+            return None
+        try:     # every entry holds each key of the shape and no other (the lengths add up)
+            cols = {k: list(map(itemgetter(k), raw)) for k in shape}
+        except KeyError:
+            return None
+    ids = cols["id"]
+    if set(map(type, ids)) != _STR_TYPES:
+        return None
+    arrays = {}
+    for k in shape[1:]:
+        a = int_array_within(cols[k], *_LIMITS[k])
+        if a is None:
+            return None
+        arrays[k] = a
+    slots = arrays.get("req_pool_idx")
+    if "seq_len" in arrays:
+        return RequestColumns(n, ids, None, None, arrays["seq_len"], slots, 0)
+    return RequestColumns(n, ids, arrays["extend_tokens"], arrays.get("prefix_len"), None, slots, n)
+
+
+_DICT_TYPES, _STR_TYPES = frozenset({dict}), frozenset({str})
+
+
 def parse_request(d: Any, where: str, default_decode: bool, index: int) -> Request:
     if not isinstance(d, Mapping):
         raise InputError(where, f"expected an object with id / extend_tokens / seq_len / req_pool_idx, got {echo(d)}")
@@ -373,12 +436,14 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     if len(reqs_raw) > MAX_REQUESTS:
         raise InputError("requests", f"{len(reqs_raw)} requests is absurd (expected <= {MAX_REQUESTS})")
     default_decode = mode in ("decode", "target_verify")
-    reqs = tuple(parse_request(r, f"requests[{i}]", default_decode, i) for i, r in enumerate(reqs_raw))
-    ids = [r.id for r in reqs]
+    reqs = request_columns(reqs_raw)
+    if reqs is None:
+        reqs = tuple(parse_request(r, f"requests[{i}]", default_decode, i) for i, r in enumerate(reqs_raw))
+    ids = reqs.ids if isinstance(reqs, RequestColumns) else [r.id for r in reqs]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)
         raise InputError("requests", f"duplicate request id {echo(dup)}")
-    if sum(r.extend_tokens for r in reqs) > MAX_ROWS:
+    if (reqs.total_extend() if isinstance(reqs, RequestColumns) else sum(r.extend_tokens for r in reqs)) > MAX_ROWS:
         raise InputError("requests", f"total extend tokens {sum(r.extend_tokens for r in reqs)} is absurd (expected <= {MAX_ROWS})")
     running_raw = doc.get("running") or []
     if not isinstance(running_raw, list):

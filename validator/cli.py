@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.markup import escape
@@ -126,13 +126,16 @@ def metadata(
         if not docs:
             raise InputError("FILE", "no call records")
         calls = calls_from_records(docs)
+        del docs                    # the records' lists, once every call is validated
         plans = [make_plan(c, g, kernel) for c in calls]
+        del calls
     except InputError as e:
         _fail_input(output, e, file)
     any_illegal = False
     units = []
     counts: dict = {}
-    for i, p in enumerate(plans):
+    for i in range(len(plans)):
+        p, plans[i] = plans[i], None    # each call's schedule and rows are dropped once written
         findings = [f for f in check_plan(p) if formats.selected(f.code, sel, ign)]
         for f in findings:
             counts[f.code] = counts.get(f.code, 0) + 1
@@ -577,11 +580,69 @@ cli_bisect.register(app)
 cli_map.register(app)
 
 
+# The commonest invocations run without typer's parsing, whose conversion of each parameter loads
+# pydantic (about a third of the start-up): `check` and `metadata` with at most one FILE, the flags
+# and the text-valued options below, each given once as separate words. Anything else (other
+# options, --help, --opt=value, a repeated option, --) goes through typer; the two paths give the
+# same output and exit code (tests/test_cli_direct.py).
+DIRECT_FLAGS = {"--json": "as_json", "--quiet": "quiet", "-q": "quiet"}
+DIRECT_VALUES = {"--example": "example", "--gpu": "gpu", "--kernel-gen": "kernel", "--output-format": "output_format",
+                 "-f": "output_format"}
+
+
+def direct_call(argv: list[str]):
+    """``(command function, keyword arguments)`` for an invocation the direct path takes, else None."""
+    if not argv or argv[0] not in ("check", "metadata"):
+        return None
+    fn = check if argv[0] == "check" else metadata
+    code = fn.__code__               # (inspect would cost more start-up than it saves)
+    if len(fn.__defaults__ or ()) != code.co_argcount:
+        return None
+    params = dict(zip(code.co_varnames[:code.co_argcount], fn.__defaults__))
+    given: dict = {}
+    words = iter(argv[1:])
+    for w in words:
+        name = DIRECT_FLAGS.get(w)
+        value: Any = True
+        if name is None:
+            name = DIRECT_VALUES.get(w)
+            if name is not None:
+                value = next(words, None)
+                if value is None or value.startswith("-"):
+                    return None
+            elif w == "-" or not w.startswith("-"):
+                name, value = "file", w
+            else:
+                return None
+        if name not in params or name in given:
+            return None
+        given[name] = value
+    kwargs = {}
+    for name, info in params.items():
+        default = getattr(info, "default", info)
+        if name in given:
+            kwargs[name] = given[name]
+        elif default is ...:
+            return None               # a required argument is missing: typer says so
+        else:
+            kwargs[name] = list(default) if isinstance(default, list) else default
+    return fn, kwargs
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """The ``validate-batch`` console script: exit codes 0-3 as above; an unexpected exception exits
     4 with one line on stderr (``VALIDATE_BATCH_DEBUG=1`` adds the traceback)."""
     try:
-        app(args=args)
+        call = direct_call(sys.argv[1:] if args is None else list(args))
+        if call is None:
+            app(args=args)
+        else:
+            fn, kwargs = call
+            try:
+                fn(**kwargs)
+            except typer.Exit as e:
+                sys.exit(e.exit_code)
+            sys.exit(0)
     except Exception as exc:  # noqa: BLE001 - the last resort: anything not handled above is a bug
         sys.exit(Output().internal(exc))
 

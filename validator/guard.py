@@ -36,10 +36,13 @@ from .fields import (
     MAX_POSITION,
     MAX_REQUESTS,
     MAX_TOKENS,
+    SHORT_ARRAY,
     bad_element,
     column,
     int_arg,
     ints_within,
+    short_int_list,
+    sum_within,
     top,
     top_within,
     total,
@@ -391,39 +394,69 @@ class Checker:
         """True when plain int lists are provably a legal step; False means "take the general path".
 
         The same checks as ``_validate`` + ``_rows`` + ``_decide`` for the common shapes (canonical
-        mode name, lists of ints, no padding or merged decodes), with no intermediate objects. It
-        never raises and never says "legal" for input the general path would reject.
+        mode name, lists of ints or short 1-D integer arrays, no padding or merged decodes), with no
+        intermediate objects. It never raises and never says "legal" for input the general path
+        would reject.
         """
-        if mode == "extend" or mode == "mixed":
-            if ext.__class__ is not list or seq is not None or not ints_within(ext, 0, MAX_TOKENS):
+        if mode == "decode" or mode == "target_verify":
+            if ext is not None:
                 return False
-            n = len(ext)
-            rows = sum(ext)
-            if rows > MAX_ROWS:
-                return False
-        elif mode == "decode" or mode == "target_verify":
-            if seq.__class__ is not list or ext is not None or not ints_within(seq, 1, MAX_POSITION):
-                return False
+            if seq.__class__ is not list:
+                if seq.__class__ is not np.ndarray or seq.ndim != 1 or seq.shape[0] > SHORT_ARRAY \
+                        or seq.dtype.kind not in "iu":
+                    return False
+                seq = seq.tolist()      # a short integer array: cheaper as a list (see short_int_list)
             n = len(seq)
+            if n == 1:
+                x = seq[0]
+                if x.__class__ is not int or not 1 <= x <= MAX_POSITION:
+                    return False
+            elif not ints_within(seq, 1, MAX_POSITION):
+                return False
             if mode == "decode":
                 rows = n
             elif self.draft_tokens > 0:
                 rows = n * self.draft_tokens
             else:
                 return False
+        elif mode == "extend" or mode == "mixed":
+            if seq is not None:
+                return False
+            if ext.__class__ is not list:
+                if ext.__class__ is not np.ndarray or ext.ndim != 1 or ext.shape[0] > SHORT_ARRAY \
+                        or ext.dtype.kind not in "iu":
+                    return False
+                ext = ext.tolist()      # a short integer array: cheaper as a list (see short_int_list)
+            n = len(ext)
+            rows = sum_within(ext, 0, MAX_TOKENS)
+            if rows < 0 or rows > MAX_ROWS:
+                return False
         else:
             return False
         if not n or n > MAX_REQUESTS:
             return False
-        if pre is not None and (pre.__class__ is not list or len(pre) != n or not ints_within(pre, 0, MAX_POSITION)):
-            return False
+        if pre is not None:
+            if pre.__class__ is not list:
+                pre = short_int_list(pre)
+            if pre is None or len(pre) != n or not ints_within(pre, 0, MAX_POSITION):
+                return False
         top = None
         if slots is not None:
-            if slots.__class__ is not list or len(slots) != n:
+            if slots.__class__ is not list:
+                slots = short_int_list(slots)
+                if slots is None:
+                    return False
+            if len(slots) != n:
                 return False
-            top = top_within(slots, 1 if self.has_slots else 0, MAX_POSITION)   # row 0 is reserved
-            if top < 0:
-                return False
+            low = 1 if self.has_slots else 0        # row 0 of the request table is reserved
+            if n == 1:
+                top = slots[0]
+                if top.__class__ is not int or not low <= top <= MAX_POSITION:
+                    return False
+            else:
+                top = top_within(slots, low, MAX_POSITION)
+                if top < 0:
+                    return False
         if rids is not None:
             try:
                 self._rids(rids, n)

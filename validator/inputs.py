@@ -42,7 +42,15 @@ def _json_int(text: str) -> int:
     return limits.parse_int(text, "FILE", limits.MAX_DOCUMENT_INT_DIGITS)
 
 
+# (a run is tried from its first digit only: the search stays linear on text full of long runs)
+_LONG_DIGITS = re.compile(r"(?<![0-9])[0-9]{%d}" % (limits.MAX_DOCUMENT_INT_DIGITS + 1))
+
+
 def _loads(text: str) -> Any:
+    # the integer hook is a Python call per integer; a text with no run of digits longer than an
+    # integer may have parses the same without it (JSON integers are plain digit runs), at C speed
+    if _LONG_DIGITS.search(text) is None:
+        return json.loads(text)
     return json.loads(text, parse_int=_json_int)
 
 

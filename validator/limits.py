@@ -182,15 +182,44 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
                         for k, v in x.items():
                             stack.append((k, depth + 1))
                             stack.append((v, depth + 1))
-                    elif (t is list or t is tuple) and all(
-                            type(v) is int and -(1 << 63) <= v < (1 << 64) or type(v) is float for v in x):
+                    elif (t is list or t is tuple) and _plain_numbers(x):
                         nodes += len(x)         # a column of plain numbers: counted without a push each
                         if x and depth + 1 > deepest:
                             deepest = depth + 1
+                    elif t is list and depth + 1 < max_depth and _number_rows(x):
+                        # a list of such columns (a table): each row counted as its values and itself,
+                        # as walking it would (rows hold numbers only, so none contains another)
+                        nodes += len(x) + sum(map(len, x))
+                        if depth + 1 > deepest:
+                            deepest = depth + (2 if any(x) else 1)
                     else:
                         stack.extend((v, depth + 1) for v in parts)
         if nodes > max_nodes:
             raise too_many()
+
+
+_NUMBER_TYPES = (frozenset({int}), frozenset({float}), frozenset({int, float}), frozenset())
+
+
+def _plain_numbers(x: list | tuple) -> bool:
+    """Every value is a plain int in [-2**63, 2**64) or a float (a few C passes; the element loop
+    only for lists mixing ints with floats)."""
+    types = frozenset(map(type, x))
+    if types not in _NUMBER_TYPES:
+        return False
+    if types == _NUMBER_TYPES[0]:
+        return -(1 << 63) <= min(x) and max(x) < (1 << 64)
+    if float not in types:
+        return True       # empty
+    return int not in types or all(type(v) is float or -(1 << 63) <= v < (1 << 64) for v in x)
+
+
+def _number_rows(x: list) -> bool:
+    """A non-empty list of lists, each one of :func:`_plain_numbers`."""
+    return bool(x) and set(map(type, x)) == _LIST_TYPES and all(map(_plain_numbers, x))
+
+
+_LIST_TYPES = frozenset({list})
 
 
 def read_bounded(fh: Any, limit: int, name: str, field: str = "FILE") -> bytes:

@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputError
-from ..fields import bool_field, field_name, int_field, min_max
+from ..fields import bool_field, field_name, int_array_within, int_field, min_max
 from ..limits import echo
 
 INT32_MAX = 2**31 - 1
@@ -51,6 +51,9 @@ def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = I
     elif isinstance(v, (list, tuple)):
         if len(v) != n:
             raise InputError(where, f"expected a list of length b={n}, got length {len(v)}")
+        fast = int_array_within(v if v.__class__ is list else list(v), lo, hi)   # the common case, in one pass
+        if fast is not None:
+            return fast
         for i, x in enumerate(v):
             if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
                 raise InputError(f"{where}[{i}]", f"expected an integer, got {echo(x)}")

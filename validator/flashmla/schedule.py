@@ -109,20 +109,32 @@ _PERIOD_SCAN = 256
 _TILE_MAX = 64
 
 
+def _first_snap(step: int, w: int, lo: int, kmax: int) -> int:
+    """The first k in 1..kmax whose residue ``k * step % w`` is 0 or at least ``lo`` (0 < lo <= w,
+    0 <= step < w), or 0 when there is none. The residues climb by ``step`` and wrap below ``w``: a
+    climb reaches ``lo`` or wraps, so one step per wrap finds it (not one per k)."""
+    if step == 0:
+        return 1
+    k = t = 0                          # residue t after k steps; t is never a hit here
+    while True:
+        j = -(-(lo - t) // step)       # the climb's first residue >= lo
+        k += j
+        if k > kmax:
+            return 0
+        t += j * step
+        if t < w:                      # in [lo, w): a hit
+            return k
+        t -= w                         # wrapped (the climb passed over [lo, w)): 0 <= t < step
+        if t == 0 or t >= lo:
+            return k
+
+
 def _period(b: int, P: int, F: int, w: int) -> Period:
     total = b * w
     Q = -(-total // P)
     step, lo = Q % w, w - F
-    T = 0
-    t = 0
-    for k in range(1, min(P, _PERIOD_SCAN) + 1):
-        t += step
-        if t >= w:
-            t -= w
-        if t == 0 or t >= lo:
-            T = k
-            break
-    else:
+    T = _first_snap(step, w, lo, min(P, _PERIOD_SCAN))
+    if not T:
         if P > _PERIOD_SCAN:
             ks = np.arange(_PERIOD_SCAN + 1, P + 1, dtype=np.int64)
             res = ks * step % w
