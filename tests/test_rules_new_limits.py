@@ -85,10 +85,72 @@ def test_combine_grid_sgl_kernel_fork_s_q_on_y():
     assert not combine_grid(plan(sparse(1, 4096, 128), "H200", "sgl-kernel-flashmla"))
 
 
+# sgl-flash-mla 1.0.0, legacy kernels: ground truth is the H200 measurement in fixtures/measured/ (launch
+# grids from the CUDA kernel trace of torch.profiler, outcomes from kernel-check, one child per call)
+MEASURED_GRID = ROOT / "fixtures" / "measured" / "sglfm_h200_combine_grid_measured.json"
+RECORD_KEYS = ("kind", "b", "s_q", "h_q", "d_qk", "topk")
+
+
+def measured_grid_calls() -> list[dict]:
+    return json.loads(MEASURED_GRID.read_text(encoding="utf-8"))["calls"]
+
+
+def measured_record(row: dict) -> dict:
+    return {k: row[k] for k in RECORD_KEYS}
+
+
+def test_combine_grid_sgl_flash_mla_legacy_is_the_measured_grid():
+    launched = [c for c in measured_grid_calls() if c.get("combine_launched")]
+    assert len(launched) >= 6 and {c["b"] for c in launched} >= {1, 2, 3}
+    for c in launched:
+        # the measured layout: b*s_q CTAs on x, ceil(h_q/8) on z, whether or not a request is split
+        assert c["combine_grid"] == [c["b"] * c["s_q"], 1, -(-c["h_q"] // HEADS_PER_CTA)], c
+        assert plan(measured_record(c), "H200", "sgl-flash-mla-1.0.0").combine_grid == tuple(c["combine_grid"]), c
+    assert any(c["message"] == "OK 1 1" for c in launched)        # one partition, no split: combine still ran
+
+
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_combine_grid_sgl_flash_mla_legacy_has_no_y_limit_of_1408756(h_q):
+    # measured at 1408756's gridDim.y limit and just past it (limit + 1, + 2): the legacy kernels ran them
+    limit = GRID_Y * HEADS_PER_CTA // h_q
+    rows = {c["s_q"]: c for c in measured_grid_calls() if c["h_q"] == h_q and c["b"] == 1}
+    for s_q in (limit, limit + 1, limit + 2):
+        row = rows[s_q]
+        assert row["outcome"] == "ok", row
+        assert "FMLA017" not in codes(check(measured_record(row), gpu="H200", kernel="sgl-flash-mla-1.0.0")), s_q
+        on_1408756 = codes(check(measured_record(row), gpu="H200", kernel="flashmla-1408756"))
+        assert ("FMLA017" in on_1408756) == (s_q > limit), s_q
+
+
+def test_combine_grid_sgl_flash_mla_legacy_measured_outcomes():
+    # every measured call: FMLA017 silent; the ones the library refused are its int32 stride check (FMLA009)
+    rows = measured_grid_calls()
+    assert any(c["outcome"] != "ok" for c in rows) and any(c["s_q"] == GRID_Y and c["outcome"] == "ok" for c in rows)
+    for c in rows:
+        found = codes(check(measured_record(c), gpu="H200", kernel="sgl-flash-mla-1.0.0"))
+        assert "FMLA017" not in found, c
+        refused = c["outcome"] == "python_exception" and "Stride exceeds int32 limit" in c["message"]
+        assert refused == (c["outcome"] != "ok"), c
+        assert ("FMLA009" in found) == refused, c
+
+
+def test_combine_grid_sgl_flash_mla_legacy_x_limit():
+    # the measured layout puts b*s_q on gridDim.x (< 2^31): at s_q = 65535 (the largest that runs at h_q 64)
+    s_q = GRID_Y
+    limit_b = GRID_X // s_q                        # 32768
+    for b in (limit_b - 1, limit_b, limit_b + 1):
+        found = combine_grid(plan(sparse(b, s_q, 64, d_qk=512), "H200", "sgl-flash-mla-1.0.0")) or []
+        assert bool(found) == (b > limit_b), b
+        if found:
+            f = found[0]
+            assert f.numbers["axis"] == "x" and f.numbers["value"] == b * s_q and f.numbers["max"] == GRID_X
+            assert "sgl-flash-mla-1.0.0" in f.message and f.failure.startswith("process_exit")
+
+
 def test_builds_without_a_recorded_combine_grid_are_not_judged():
-    # the grid of sgl-flash-mla 1.0.0's legacy kernels and of vLLM 0.33's bundled copy is not recorded
-    for kernel in ("sgl-flash-mla-1.0.0", "vllm-0.33"):
-        assert plan(sparse(1, 4096, 128), "H200", kernel).combine_grid is None
+    # the grid of vLLM 0.33's bundled copy is not recorded (neither read from source nor measured)
+    assert plan(sparse(1, 4096, 128), "H200", "vllm-0.33").combine_grid is None
+    assert "FMLA017" not in codes(check(sparse(1, 8192, 128), gpu="H200", kernel="vllm-0.33"))
 
 
 # --------------------------------------------------------------------------- FMLA008 splits per build

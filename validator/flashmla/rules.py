@@ -710,7 +710,11 @@ def combine_grid(p: Plan):
     ``h_q = 128``, ``s_q <= 8191`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
     ``(b*s_q, 1, ceil(h_q/8))``: ``b*s_q <= 2^31-1``. The current kernels (2026.09.30) launch
     ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``, as does sgl-kernel's fork (9804b12, before PR #182).
-    Only calls that split the KV run the combine; builds whose grid is not recorded are not judged.
+    sgl-flash-mla 1.0.0's legacy kernels (``use_legacy=True``) launch ``(b*s_q, 1, ceil(h_q/8))``, as
+    measured on an H200: no grid limit below ``b*s_q = 2^31-1``, which no GPU's memory reaches (its
+    int32 strides, FMLA009, stop ``s_q`` at 65535 first). Only split-KV attention calls run the
+    combine (on sgl-flash-mla 1.0.0 measured: also when no request is split); builds whose grid is
+    not recorded (vLLM 0.33's bundled copy) are not judged.
 
     ## Why it crashes
     The launch is refused (``invalid configuration argument``); the library's error check prints
@@ -723,12 +727,14 @@ def combine_grid(p: Plan):
 
     ## Fix
     Fewer query tokens per request per call (split ``s_q``), or a build whose combine grid puts the
-    large dimension on x (9241ae3 and later).
+    large dimension on x (9241ae3 and later, sgl-flash-mla 1.0.0's legacy kernels).
 
     ## Source
     FlashMLA 1408756 ``csrc/smxx/mla_combine.cu:192`` (grid) and ``:201`` (check); 9241ae3
     ``csrc/smxx/decode/combine/combine.cu:203`` and ``:210``; sgl-project/FlashMLA 9804b12
-    ``csrc/smxx/decode/combine/combine.cu:202`` and ``:209``; current kernels from the binary.
+    ``csrc/smxx/decode/combine/combine.cu:202`` and ``:209``; current kernels from the binary;
+    sgl-flash-mla 1.0.0 (legacy) measured on an H200, launch grids from the CUDA kernel trace
+    (``fixtures/measured/sglfm_h200_combine_grid_measured.json``).
     """
     grid = p.combine_grid if p.is_decode else None
     if grid is None:
