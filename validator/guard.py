@@ -49,6 +49,7 @@ from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .names import BATCH_SETTINGS, normalize_setting, parse_mode
 from .pipeline import check_engine_batch
+from .profiles import engine_family
 from .report import Report
 from .ruleset import STATE as RULES
 
@@ -197,6 +198,8 @@ class Checker:
         self.kernel_build: str = self._setup.kernel_build     # the FlashMLA build steps are judged by
         self.static_findings = b.static_findings
         self.draft_tokens = draft_tokens(self._template)
+        # a vLLM profile splits a step as the backend does (engine objects are read for it)
+        self.vllm_steps = any(engine_family(n) == "vllm" for n, _ in tmpl.profiles)
         self.mixed_chunk = bool(self._template.arg("enable_mixed_chunk", False))
         self.has_rows = b.has_rows
         self.max_rows: int | None = b.max_rows
@@ -372,7 +375,7 @@ class Checker:
         if fs is None:  # idle
             return LEGAL
         mode, rows, max_slot = fs
-        if self._decide(mode, rows, max_slot):
+        if fs is not adapters.FULL_CHECK and self._decide(mode, rows, max_slot):
             return LEGAL
         report = self.check(step)
         return LEGAL if report.legal else Verdict(False, report)
