@@ -283,3 +283,18 @@ def test_settings_that_contradict_the_log_are_flagged():
     # The log shows a 12288-token prefill; a chunk budget of 8192 cannot have produced it.
     diag = run("sglang-dsv4-prefill-12288.log", server_args=["chunked_prefill_size=8192"])
     assert any("12288 new tokens" in n and "do not match" in n for n in diag.notes)
+
+
+@pytest.mark.parametrize("server_args, profile, verdict", [
+    # DeepSeek-V3.2 at tp 8 (16 heads per rank): bf16 cache, every MQA token through flash_mla_sparse_fwd
+    (("model_path=deepseek-ai/DeepSeek-V3.2", "tp_size=8"), "vllm-flashmla-sparse", "legal"),
+    # fp8 cache, 16 heads < 32: the whole step is one decode-kernel call with b = 1, s_q = tokens
+    (("model_path=deepseek-ai/DeepSeek-V3.2", "tp_size=8", "kv_cache_dtype=fp8_ds_mla"), "vllm-flashmla-sparse", "legal"),
+    # fp8 cache at tp 1 (128 heads): separate decode (b = decoding requests) and sparse prefill
+    (("attention_backend=FLASHMLA_SPARSE", "kv_cache_dtype=fp8_ds_mla"), "vllm-flashmla-sparse", "legal"),
+])
+def test_vllm_dump_is_judged_by_the_recognised_profile(server_args, profile, verdict):
+    diag = run("vllm-scheduler-dump.log", server_args=server_args)
+    assert f"vLLM profile: {profile} (from the launch command)" in diag.notes
+    line = next(b for b in diag.explained.basis if b.startswith(f"judged by the {profile} profile"))
+    assert f": {verdict};" in line

@@ -18,14 +18,13 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import oracle_path
 from typer.testing import CliRunner
 
 from validator.api import check_calls
 from validator.cli import app
 from validator.flashmla.plan import plan
 from validator.knowledge import build_names, resolve_gpu
-
-from conftest import oracle_path
 
 SMEM = 232448
 SGLFM = "sgl-flash-mla-1.0.0"

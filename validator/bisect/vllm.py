@@ -1,12 +1,45 @@
 """vLLM: its crash-time scheduler dump is the crashing step itself."""
 from __future__ import annotations
 
+from ..api import check
+from ..errors import InputError
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
+from ..knowledge import load
 from .boundary import BisectChecker
 from .evaluate import evaluate
 from .results import Candidate, Diagnosis
+
+
+def vllm_profile(cfg: EngineConfig) -> str | None:
+    """The vLLM profile the launch command names (``recognised_by`` in ``rules/engines.json``: the
+    attention backend, or a model path naming the model family); None when not recognisable."""
+    backend = str(cfg.get("attention_backend", "") or "").strip().lower()
+    model = str(cfg.get("model_path", "") or "").lower()
+    profiles = [(n, p.get("recognised_by", {})) for n, p in load("engines")["profiles"].items() if p.get("engine") == "vllm"]
+    for name, rec in profiles:
+        if backend and backend in rec.get("attention_backend", []):
+            return name
+    for name, rec in profiles:
+        if model and any(m in model for m in rec.get("model_path", [])):
+            return name
+    return None
+
+
+def profile_verdict(step, cfg: EngineConfig, profile: str, gpu) -> str:
+    """The dumped step judged by a vLLM profile, as one line of the diagnosis' basis."""
+    sa = {k: cfg.get(k) for k in ("kv_cache_dtype", "tp_size", "num_speculative_tokens", "context_length")
+          if cfg.get(k) is not None}
+    reqs = [{"id": r.id, "extend_tokens": r.num_scheduled, "prefix_len": r.num_computed} for r in step.requests]
+    try:
+        rep = check({"engine": profile, "gpu": gpu, "server_args": sa, "forward_mode": "extend", "requests": reqs},
+                    split=False)
+    except InputError as e:
+        return f"{profile}: the dumped step cannot be judged ({e})"
+    calls = ", ".join(f"{c['name']} b={c['call'].get('b', 1)} s_q={c['call']['s_q']}" for c in rep.context["kernel_calls"])
+    verdict = "ILLEGAL (" + ", ".join(rep.codes) + ")" if not rep.legal else "legal"
+    return f"judged by the {profile} profile (vLLM's backend split): {verdict}; calls: {calls or 'none'}"
 
 
 def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
@@ -29,6 +62,10 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
              f"checked as one FlashMLA sparse decode call with b = {rows} rows (s_q 1, h_q {h_q}, topk {topk}): "
              "vLLM's FP8 sparse MLA treats the whole batch as decode rows"]
     basis += step.notes
+    profile = vllm_profile(cfg)
+    if profile is not None:
+        basis.append(profile_verdict(step, cfg, profile, checker.gpu or "H200"))
+        notes.append(f"vLLM profile: {profile} (from the launch command)")
     c = Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
                   rows, rows, rows, step.complete, basis, make, None, [None])
     c_batch = {"requests": [r.to_dict() for r in step.requests]}
