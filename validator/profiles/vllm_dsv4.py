@@ -86,9 +86,10 @@ class VllmDsv4Profile(VllmProfile):
                 p = plan(self._call(s, spec, b, lengths), batch.gpu, s.kernel)
                 bp.calls.append(DerivedCall(spec[0], p.call, p, "decode_kernel"))
         if step.prefill_tokens:
+            mult = int(version["prefill_topk_multiple"])
             for name, r, extra_topk, _ in s.calls:
-                call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=s.topk + (extra_topk or 0),
-                                         label=f"{name} prefill")
+                topk = -(-(s.topk + (extra_topk or 0)) // mult) * mult
+                call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=topk, label=f"{name} prefill")
                 bp.calls.append(DerivedCall(call.label, call, plan(call, batch.gpu, s.kernel), "sparse_prefill"))
 
     def bound_hints(self, setup: VllmDsv4Setup, bp: BatchPlan) -> dict:
