@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 import vllm_release
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from validator import LEGAL, BatchIllegalError, Checker
 from validator.api import check
@@ -93,6 +95,22 @@ def test_sparse_mixed_batch_is_one_call_of_all_tokens():
     r = check(doc("vllm-flashmla-sparse", sa, "extend", reqs))
     (c,) = calls(r)
     assert r.legal and c["call"]["b"] == 1 and c["call"]["s_q"] == 5000 * 4 + 3000 and c["call"]["h_q"] == 64
+
+
+# the mixed call's q is [1, T, 64, 576] (16 heads padded to the decode kernel's 64, flashmla_sparse.py:718):
+# its stride(0) T*64*576 is an int32 kernel parameter
+MIXED_LIMIT = (2 ** 31 - 1) // (64 * 576)
+
+
+@pytest.mark.parametrize("tokens", [MIXED_LIMIT - 1, MIXED_LIMIT, MIXED_LIMIT + 1])
+def test_sparse_mixed_batch_tokens_limit(tokens):
+    sa = {**FP8, "tp_size": 8}
+    reqs = cached(2, 1) + [{"id": "p", "extend_tokens": tokens - 2, "prefix_len": 3000}]
+    r = check(doc("vllm-flashmla-sparse", sa, "extend", reqs))
+    assert r.legal is (tokens <= MIXED_LIMIT) and calls(r)[0]["call"]["s_q"] == tokens
+    guard = Checker("vllm-flashmla-sparse", "H200", sa)
+    assert guard.max_rows == MIXED_LIMIT                    # the fast path's bound is the same edge
+    assert bool(guard.verdict("decode", seq_lens=[9] * tokens)) is (tokens <= MIXED_LIMIT)
 
 
 @pytest.mark.parametrize("heads, tp, mode", [(128, 4, "separate prefill and decode"),   # 32 per rank
@@ -324,3 +342,30 @@ def test_readme_hook_passes_the_throttle_decision_through():
     exec(code["vllm-hook"], scope)
     core.step()
     assert core.schedule_args == [(True,)]
+
+
+# ------------------------------------------------------------- the fast path agrees with the full one
+VLLM_CONFIGS = {
+    "sparse-separate": ("vllm-flashmla-sparse", {**FP8, "num_speculative_tokens": 3}),
+    "sparse-mixed": ("vllm-flashmla-sparse", {**FP8, "tp_size": 8}),
+    "dsv4": ("vllm-dsv4", {"num_speculative_tokens": 3}),
+    "dense": ("vllm-flashmla", {"num_speculative_tokens": 3}),
+    "dense-fp8": ("vllm-flashmla", {"kv_cache_dtype": "fp8"}),
+}
+VLLM_CHECKERS = {k: Checker(e, "H200", sa) for k, (e, sa) in VLLM_CONFIGS.items()}
+
+sizes = st.sampled_from([1, 2, 4, 4, 4, 100, 128, 129, 256, 257, 3000])
+groups = st.lists(st.tuples(st.integers(1, 4000), sizes, st.sampled_from([0, 50, 5000])), min_size=1, max_size=3)
+
+
+@pytest.mark.parametrize("cfg", sorted(VLLM_CONFIGS))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(groups=groups)
+def test_vllm_verdict_agrees_with_the_full_check(cfg, groups):
+    # groups of (count, query tokens, computed tokens): the fast verdict on lists must be the full answer
+    ext = [q for n, q, _ in groups for _ in range(n)]
+    pre = [c for n, _, c in groups for _ in range(n)]
+    assume(sum(ext) <= 60000)
+    guard = VLLM_CHECKERS[cfg]
+    fast = bool(guard.verdict("extend", extend_lens=ext, prefix_lens=pre))
+    assert fast == guard.full_legal("extend", extend_lens=ext, prefix_lens=pre)

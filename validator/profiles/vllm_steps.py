@@ -10,8 +10,6 @@ three vLLM profile modules build on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ..batch import Batch, request_arrays
@@ -30,27 +28,28 @@ def profile_data(name: str) -> dict:
     return load("engines")["profiles"][name]
 
 
-@dataclass(frozen=True)
 class VllmStep:
     """One step's requests in the order the backend runs them, split into decodes and prefills.
 
     ``query``: query tokens per request (speculative tokens included); ``computed``: tokens already
-    in the KV cache before the step; the first ``num_decodes`` requests are decodes, each with
-    ``decode_len`` query tokens when the backend requires uniform decodes."""
+    in the KV cache before the step (built on first use: a decode probe of millions of rows never
+    needs it); the first ``num_decodes`` requests are decodes."""
 
-    ids: tuple
-    query: np.ndarray
-    computed: np.ndarray
-    num_decodes: int
-    threshold: int
+    __slots__ = ("query", "_computed", "num_decodes", "threshold", "num_tokens", "decode_tokens")
+
+    def __init__(self, query: np.ndarray, computed, num_decodes: int, threshold: int):
+        self.query = query
+        self._computed = computed
+        self.num_decodes = num_decodes
+        self.threshold = threshold
+        self.num_tokens = int(query.sum())
+        self.decode_tokens = self.num_tokens if num_decodes == len(query) else int(query[:num_decodes].sum())
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.query.sum())
-
-    @property
-    def decode_tokens(self) -> int:
-        return int(self.query[:self.num_decodes].sum())
+    def computed(self) -> np.ndarray:
+        if callable(self._computed):
+            self._computed = self._computed()
+        return self._computed
 
     @property
     def prefill_tokens(self) -> int:
@@ -58,7 +57,7 @@ class VllmStep:
 
     @property
     def num_prefills(self) -> int:
-        return len(self.ids) - self.num_decodes
+        return len(self.query) - self.num_decodes
 
     @property
     def decode_len(self) -> int:
@@ -75,7 +74,7 @@ class VllmStep:
     def decode_row_lengths(self) -> np.ndarray:
         """Per decode query row, the KV tokens it attends to (causal): request i's j-th row sees
         ``computed_i + j + 1``."""
-        q = self.query[:self.num_decodes]
+        q = np.asarray(self.query[:self.num_decodes], dtype=np.int64)
         c = self.computed[:self.num_decodes]
         n = int(q.sum())
         if n == 0:
@@ -89,34 +88,34 @@ class VllmStep:
                 "decode_query_len": self.decode_len, "reorder_threshold": self.threshold}
 
 
-def step_columns(batch: Batch) -> tuple[tuple, np.ndarray, np.ndarray]:
-    """``(ids, query tokens, computed tokens)`` per request of a vLLM step described in the
-    project's forward modes: decode (one token on top of ``seq_len - 1`` computed), target verify
-    (``speculative_num_draft_tokens`` query tokens each), extend / mixed (``extend_tokens`` on top of
-    ``prefix_len``; decode entries and merged running decodes one token each)."""
+def step_columns(batch: Batch) -> tuple:
+    """``(query tokens, computed tokens or a function that builds them)`` per request of a vLLM
+    step described in the project's forward modes: decode (one token on top of ``seq_len - 1``
+    computed), target verify (``speculative_num_draft_tokens`` query tokens each), extend / mixed
+    (``extend_tokens`` on top of ``prefix_len``; decode entries and merged running decodes one
+    token each)."""
     mode = batch.forward_mode
     if mode not in VLLM_MODES:
         raise InputError("forward_mode", f"a vLLM step is one of {', '.join(VLLM_MODES)}, got {mode!r}")
     reqs = batch.requests
+    n = len(reqs)
+    if mode in ("decode", "target_verify"):
+        d = 1
+        if mode == "target_verify":
+            d = draft_tokens(batch)
+            if d <= 0:
+                raise InputError("server_args.speculative_num_draft_tokens",
+                                 "missing: a target_verify step has that many query tokens per request")
+        ctx = reqs.contexts() if hasattr(reqs, "contexts") else request_arrays(reqs)[2]
+        return np.broadcast_to(np.int64(d), (n,)), lambda: np.maximum(ctx - 1, 0)
     ext, pre, ctx, is_dec = request_arrays(reqs)
-    ids = tuple(reqs.id_list()) if hasattr(reqs, "id_list") else tuple(r.id for r in reqs)
-    if mode == "decode":
-        query, computed = np.ones(len(ids), dtype=np.int64), ctx - 1
-    elif mode == "target_verify":
-        d = draft_tokens(batch)
-        if d <= 0:
-            raise InputError("server_args.speculative_num_draft_tokens",
-                             "missing: a target_verify step has that many query tokens per request")
-        query, computed = np.full(len(ids), d, dtype=np.int64), ctx - 1
-    else:
-        query = np.where(is_dec, 1, ext).astype(np.int64)
-        computed = np.where(is_dec, ctx - 1, pre).astype(np.int64)
-        if batch.mixed and batch.running:
-            run_ctx = np.array([r.context_len for r in batch.running], dtype=np.int64)
-            ids = ids + tuple(r.id for r in batch.running)
-            query = np.concatenate([query, np.ones(len(run_ctx), dtype=np.int64)])
-            computed = np.concatenate([computed, run_ctx - 1])
-    return ids, query, np.maximum(computed, 0)
+    query = np.where(is_dec, 1, ext).astype(np.int64)
+    computed = np.where(is_dec, ctx - 1, pre).astype(np.int64)
+    if batch.mixed and batch.running:
+        run_ctx = np.array([r.context_len for r in batch.running], dtype=np.int64)
+        query = np.concatenate([query, np.ones(len(run_ctx), dtype=np.int64)])
+        computed = np.concatenate([computed, run_ctx - 1])
+    return query, np.maximum(computed, 0)
 
 
 def num_speculative_tokens(batch: Batch) -> int:
@@ -129,18 +128,22 @@ def num_speculative_tokens(batch: Batch) -> int:
     return d - 1 if d > 0 else 0
 
 
-def split_step(ids: tuple, query: np.ndarray, computed: np.ndarray, threshold: int, uniform: bool) -> VllmStep:
+def split_step(query: np.ndarray, computed, threshold: int, uniform: bool) -> VllmStep:
     """The step reordered and split as vLLM 0.33 does (sources: the version's ``split_source``).
 
     Requests keep their order within a region (the caller gives decodes that are done prefilling
     before short extends, as the reorder does); regions: computed tokens and at most ``threshold``
     query tokens (decode or short extend), computed tokens and more (long extend), nothing computed
-    (first-chunk prefill)."""
-    n = len(ids)
+    (first-chunk prefill). A step of one query length per request needs no reordering: whatever
+    the order, every request is a decode when that length is within the threshold, none otherwise."""
+    n = len(query)
+    if n and query.strides == (0,):
+        q0 = int(query[0])
+        return VllmStep(query, computed, n if q0 <= threshold else 0, threshold)
+    computed = computed() if callable(computed) else computed
     region = np.where(computed == 0, 2, np.where(query > threshold, 1, 0))
     order = np.argsort(region, kind="stable")
     q, c = query[order], computed[order]
-    ids = tuple(ids[i] for i in order)
     if n == 0:
         nd = 0
     elif int(q.max()) <= threshold and (not uniform or threshold <= 1):
@@ -150,7 +153,7 @@ def split_step(ids: tuple, query: np.ndarray, computed: np.ndarray, threshold: i
     else:
         is_prefill = ((q != q[0]) & (q != 0)) if uniform else (q > threshold)
         nd = int(is_prefill.argmax()) if is_prefill.any() else n
-    return VllmStep(ids, q, c, nd, threshold)
+    return VllmStep(q, c, nd, threshold)
 
 
 def heads_per_rank(batch: Batch, defaults: dict) -> int:
@@ -178,6 +181,7 @@ class VllmProfile(Profile):
 
     provides = frozenset({"rows"})
     guarantees = frozenset({"lengths"})
+    shape_grows_with_rows = True
 
     def record_step(self, batch: Batch, bp: BatchPlan, step: VllmStep, mode: str, version: dict) -> None:
         rows, bd = forward_rows(batch)
