@@ -27,19 +27,22 @@ def vllm_profile(cfg: EngineConfig) -> str | None:
     return None
 
 
-def profile_verdict(step, cfg: EngineConfig, profile: str, gpu) -> str:
-    """The dumped step judged by a vLLM profile, as one line of the diagnosis' basis."""
+def profile_verdict(step, cfg: EngineConfig, profile: str, gpu, version: str | None) -> str:
+    """The dumped step judged by a vLLM profile (at the release the log names), as one line of the
+    diagnosis' basis."""
     sa = {k: cfg.get(k) for k in ("kv_cache_dtype", "tp_size", "num_speculative_tokens", "context_length")
           if cfg.get(k) is not None}
     reqs = [{"id": r.id, "extend_tokens": r.num_scheduled, "prefix_len": r.num_computed} for r in step.requests]
     try:
-        rep = check({"engine": profile, "gpu": gpu, "server_args": sa, "forward_mode": "extend", "requests": reqs},
+        engine = f"{profile}@{version}" if version else profile
+        rep = check({"engine": engine, "gpu": gpu, "server_args": sa, "forward_mode": "extend", "requests": reqs},
                     split=False)
     except InputError as e:
-        return f"{profile}: the dumped step cannot be judged ({e})"
+        return f"{profile}: the dumped step cannot be judged by this profile ({e})"
     calls = ", ".join(f"{c['name']} b={c['call'].get('b', 1)} s_q={c['call']['s_q']}" for c in rep.context["kernel_calls"])
     verdict = "ILLEGAL (" + ", ".join(rep.codes) + ")" if not rep.legal else "legal"
-    return f"judged by the {profile} profile (vLLM's backend split): {verdict}; calls: {calls or 'none'}"
+    at = f" at vLLM {version}" if version else ""
+    return f"judged by the {profile} profile{at} (vLLM's backend split): {verdict}; calls: {calls or 'none'}"
 
 
 def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
@@ -64,8 +67,8 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
     basis += step.notes
     profile = vllm_profile(cfg)
     if profile is not None:
-        basis.append(profile_verdict(step, cfg, profile, checker.gpu or "H200"))
-        notes.append(f"vLLM profile: {profile} (from the launch command)")
+        basis.append(profile_verdict(step, cfg, profile, checker.gpu or "H200", ev.engine_version))
+        notes.append(f"vLLM profile: {profile} (from the log's settings)")
     c = Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
                   rows, rows, rows, step.complete, basis, make, None, [None])
     c_batch = {"requests": [r.to_dict() for r in step.requests]}
