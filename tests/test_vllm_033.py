@@ -369,3 +369,24 @@ def test_vllm_verdict_agrees_with_the_full_check(cfg, groups):
     guard = VLLM_CHECKERS[cfg]
     fast = bool(guard.verdict("extend", extend_lens=ext, prefix_lens=pre))
     assert fast == guard.full_legal("extend", extend_lens=ext, prefix_lens=pre)
+
+
+REAL_CONFIGS = {"sparse-separate": ("vllm-flashmla-sparse", "H200", {**FP8, "num_speculative_tokens": 3}),
+                "sparse-mixed": ("vllm-flashmla-sparse", "H200", {**FP8, "tp_size": 8, "num_speculative_tokens": 3}),
+                "dense-b200-fp8": ("vllm-flashmla", "B200", {"kv_cache_dtype": "fp8", "num_speculative_tokens": 3}),
+                "dsv4": ("vllm-dsv4", "H200", {"num_speculative_tokens": 3})}
+REAL_CHECKERS: dict = {}
+
+
+@needs_vllm
+@pytest.mark.parametrize("cfg", sorted(REAL_CONFIGS))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 16000), drafts=st.sampled_from([0, 1, 3]),
+       new=st.lists(st.tuples(st.integers(1, 9000), st.sampled_from([0, 10, 500])), max_size=3))
+def test_real_scheduler_output_verdict_agrees_with_the_full_check(cfg, n, drafts, new):
+    engine, gpu, sa = REAL_CONFIGS[cfg]
+    guard = REAL_CHECKERS.get(cfg) or REAL_CHECKERS.setdefault(cfg, Checker(engine, gpu, sa))
+    so = scheduler_output({f"r{k}": 300 for k in range(n)},
+                          {f"n{j}": (t + c + 10, c, t) for j, (t, c) in enumerate(new)}, drafts=drafts)
+    assume(so.total_num_scheduled_tokens <= 70000)
+    assert bool(guard.verdict(so)) == guard.check(so).legal

@@ -25,7 +25,9 @@ vLLM ``SchedulerOutput`` (what ``Scheduler.schedule()`` returns):
 * The step is one flattened forward: one query row per scheduled token. It is a decode step when
   every request computes exactly one token on top of a computed prefix, an extend step otherwise.
   Under a vLLM profile (``vllm-*``) the profile splits the step as the backend does: a speculative
-  request is a decode of ``1 + drafts`` query tokens, not an extend.
+  request is a decode of ``1 + drafts`` query tokens, not an extend. The fast path bounds the
+  step's tokens, which bound every call's rows and query length; a step past the bound takes the
+  full check.
 
 Values may be lists, tuples, numpy arrays or tensors (host tensors are read as numpy views, device
 tensors through ``tolist()``).
@@ -212,10 +214,6 @@ def _sglang_fast(batch: Any, checker) -> tuple | None:
 
 
 # ----------------------------------------------------------------------------------- vLLM
-#: what :func:`fast_step` returns for a step only the full check can judge
-FULL_CHECK = ("full check", 0, None)
-
-
 def _vllm_requests(out: Any) -> tuple[dict, dict]:
     """``({request id: num_computed_tokens}, {request id: done prefilling})`` of the scheduled
     requests: new requests (``NewRequestData``: done when ``num_computed_tokens`` reaches the prompt
@@ -226,8 +224,11 @@ def _vllm_requests(out: Any) -> tuple[dict, dict]:
     done: dict = {}
     for r in out.scheduled_new_reqs or ():
         computed[r.req_id] = r.num_computed_tokens
-        prompt = getattr(r, "prompt_token_ids", None)
-        done[r.req_id] = prompt is not None and r.num_computed_tokens >= len(prompt)
+        plen = getattr(r, "prompt_len", None)         # 0.33: prompt token ids or embeddings
+        if not isinstance(plen, int):
+            prompt = getattr(r, "prompt_token_ids", None)
+            plen = len(prompt) if prompt is not None else 0
+        done[r.req_id] = plen > 0 and r.num_computed_tokens >= plen
     cached = getattr(out, "scheduled_cached_reqs", None)
     if cached is None:
         return computed, done
@@ -326,13 +327,10 @@ def _vllm_fast(out: Any, checker) -> tuple | None:
         return None
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     if getattr(checker, "vllm_steps", False):
-        # a vLLM profile bounds a decode step by its rows; any other step is split by the
-        # backend's own rules (decode requests, their query length, prefill tokens): the full check
-        if max(toks) == 1 and not getattr(out, "scheduled_spec_decode_tokens", None):
-            computed, _ = _vllm_requests(out)
-            if all(computed.get(r, 0) > 0 for r in rids):
-                return "decode", len(rids), None
-        return FULL_CHECK
+        # a vLLM profile's bound is on the step's tokens: the decode kernel's rows (requests or
+        # tokens) and the mixed call's s_q never exceed them; past the bound the full check splits
+        # the step as the backend does
+        return ("decode" if max(toks) == 1 else "extend"), sum(toks), None
     mode = "extend"
     if checker.threshold is not None:  # decode or extend matters only where extend forwards are routed
         lists = vllm_lists(out, checker)
@@ -383,5 +381,5 @@ def to_batch(obj: Any, checker):
     return checker.batch(lists.pop("forward_mode"), **lists)
 
 
-__all__ = ["FULL_CHECK", "is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
+__all__ = ["is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
            "fast_step", "to_batch", "SGLANG_MODES"]

@@ -375,7 +375,7 @@ class Checker:
         if fs is None:  # idle
             return LEGAL
         mode, rows, max_slot = fs
-        if fs is not adapters.FULL_CHECK and self._decide(mode, rows, max_slot):
+        if self._decide(mode, rows, max_slot):
             return LEGAL
         report = self.check(step)
         return LEGAL if report.legal else Verdict(False, report)
