@@ -390,3 +390,19 @@ def test_real_scheduler_output_verdict_agrees_with_the_full_check(cfg, n, drafts
                           {f"n{j}": (t + c + 10, c, t) for j, (t, c) in enumerate(new)}, drafts=drafts)
     assume(so.total_num_scheduled_tokens <= 70000)
     assert bool(guard.verdict(so)) == guard.check(so).legal
+
+
+def test_mixed_batch_split_and_prevention_are_in_tokens():
+    # one 60000-token prefill on the mixed path: chunks within MIXED_LIMIT tokens, and the token cap
+    r = check(doc("vllm-flashmla-sparse", {**FP8, "tp_size": 8}, "extend",
+                  [{"id": "p", "extend_tokens": 60000, "prefix_len": 0}]), split=True)
+    assert [f.code for f in r.errors] == ["FMLA009"]
+    split = r.safe_split.to_dict()
+    assert [[c["tokens"] for c in step] for step in split["chunked_steps"]] == [[MIXED_LIMIT], [60000 - MIXED_LIMIT]]
+    assert [(s["flag"], s["value"]) for s in split["settings"]] == [("--max-num-batched-tokens", MIXED_LIMIT)]
+
+
+def test_dsv4_prevention_counts_draft_tokens():
+    sa = {"num_speculative_tokens": 3, "speculative_num_draft_tokens": 4}
+    r = check(doc("vllm-dsv4", sa, "target_verify", decodes(LEGACY // 4 + 1)), split=True)
+    assert [(s["flag"], s["value"]) for s in r.safe_split.to_dict()["settings"]] == [("--max-num-seqs", LEGACY // 4)]

@@ -1,15 +1,18 @@
 """vLLM: its crash-time scheduler dump is the crashing step itself."""
 from __future__ import annotations
 
-from ..api import check
 from ..errors import InputError
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
 from ..knowledge import load
+from ..profiles import resolve_version
 from .boundary import BisectChecker
 from .evaluate import evaluate
 from .results import Candidate, Diagnosis
+
+#: the settings a vLLM profile reads, passed from the log's configuration
+PROFILE_SETTINGS = ("kv_cache_dtype", "tp_size", "num_speculative_tokens", "context_length")
 
 
 def vllm_profile(cfg: EngineConfig) -> str | None:
@@ -27,22 +30,37 @@ def vllm_profile(cfg: EngineConfig) -> str | None:
     return None
 
 
-def profile_verdict(step, cfg: EngineConfig, profile: str, gpu, version: str | None) -> str:
-    """The dumped step judged by a vLLM profile (at the release the log names), as one line of the
-    diagnosis' basis."""
-    sa = {k: cfg.get(k) for k in ("kv_cache_dtype", "tp_size", "num_speculative_tokens", "context_length")
-          if cfg.get(k) is not None}
-    reqs = [{"id": r.id, "extend_tokens": r.num_scheduled, "prefix_len": r.num_computed} for r in step.requests]
+def _profile_engine(profile: str, version: str | None) -> tuple[str | None, str]:
+    """``(engine spec, why not)``: the profile at the log's release, or None with the reason."""
     try:
-        engine = f"{profile}@{version}" if version else profile
-        rep = check({"engine": engine, "gpu": gpu, "server_args": sa, "forward_mode": "extend", "requests": reqs},
-                    split=False)
+        resolve_version(profile, version)
     except InputError as e:
-        return f"{profile}: the dumped step cannot be judged by this profile ({e})"
-    calls = ", ".join(f"{c['name']} b={c['call'].get('b', 1)} s_q={c['call']['s_q']}" for c in rep.context["kernel_calls"])
-    verdict = "ILLEGAL (" + ", ".join(rep.codes) + ")" if not rep.legal else "legal"
-    at = f" at vLLM {version}" if version else ""
-    return f"judged by the {profile} profile{at} (vLLM's backend split): {verdict}; calls: {calls or 'none'}"
+        return None, f"{profile} has no version for vLLM {version} ({e.message}): the dump is judged by the raw row model"
+    return (f"{profile}@{version}" if version else profile), ""
+
+
+def profile_candidate(step, cfg: EngineConfig, engine: str) -> Candidate:
+    """The dumped step as a batch of the vLLM profile ``engine``: the backend's own reorder, split
+    and calls. The varying quantity is the step's tokens, grown or shrunk in its largest request."""
+    sa = {k: cfg.get(k) for k in PROFILE_SETTINGS if cfg.get(k) is not None}
+    reqs = [{"id": r.id, "extend_tokens": r.num_scheduled, "prefix_len": r.num_computed} for r in step.requests]
+    rows = step.total_rows
+    big = max(range(len(reqs)), key=lambda i: reqs[i]["extend_tokens"])
+    base = rows - reqs[big]["extend_tokens"]
+
+    def make(v: int, version: str | None = None) -> dict:
+        rs = [dict(r) for r in reqs]
+        rs[big]["extend_tokens"] = max(v - base, 1)
+        return {"engine": engine, "server_args": sa, "forward_mode": "extend", "requests": rs,
+                "label": f"vLLM step with {base + rs[big]['extend_tokens']} scheduled tokens"}
+
+    dec = sum(1 for r in step.requests if r.is_decode)
+    basis = [f"line {step.line_no}: SchedulerOutput with {len(step.requests)} request(s) ({dec} decoding), "
+             f"{rows} scheduled tokens",
+             f"judged by the {engine} profile: the backend's reorder and split, its decode and prefill calls "
+             f"(settings: {', '.join(f'{k}={v}' for k, v in sa.items()) or 'defaults'})"] + list(step.notes)
+    return Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
+                     base + 1, rows, rows, step.complete, basis, make, None, [None])
 
 
 def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
@@ -67,10 +85,22 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
     basis += step.notes
     profile = vllm_profile(cfg)
     if profile is not None:
-        basis.append(profile_verdict(step, cfg, profile, checker.gpu or "H200", ev.engine_version))
         notes.append(f"vLLM profile: {profile} (from the log's settings)")
+        engine, why = _profile_engine(profile, ev.engine_version)
+        if engine is None:
+            notes.append(why)
+        else:
+            return _diagnosis(profile_candidate(step, cfg, engine), ev, cfg, err, checker, notes)
     c = Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
                   rows, rows, rows, step.complete, basis, make, None, [None])
+    return _diagnosis(c, ev, cfg, err, checker, notes)
+
+
+def _diagnosis(c: Candidate, ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
+               notes: list[str]) -> Diagnosis:
+    """Judge the dumped step's candidate, its boundary and the token cap that keeps it legal."""
+    step = ev.vllm_steps[-1]
+    make = c.make
     c_batch = {"requests": [r.to_dict() for r in step.requests]}
     evaluate(c, checker, err)
     c.batch = {**(c.batch or {}), "vllm_step": c_batch}
@@ -80,6 +110,8 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
         L = c.boundary.largest_legal
         fixes.append({"flag": "--max-num-batched-tokens", "value": L,
                       "why": f"caps the tokens of one step at {L} rows", "verified": checker(make(L)).legal})
+    elif explained is not None:
+        notes.append("the step's token count is not what breaks the limit (see the findings and the safe split)")
     else:
         notes.append("the dumped step does not break a modelled limit")
     notes.append("engine: vLLM (crash-time scheduler dump)")

@@ -45,7 +45,6 @@ def _heads(batch: Batch, dflt: dict) -> int:
 
 class VllmDsv4Profile(VllmProfile):
     name = NAME
-    rows_per_decode_token = True
 
     def setup(self, batch: Batch, version: dict, kernel: str | None) -> VllmDsv4Setup:
         prof = profile_data(NAME)
@@ -78,7 +77,8 @@ class VllmDsv4Profile(VllmProfile):
     def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, kernel, memo=None) -> None:
         s = setup
         step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]))
-        self.record_step(batch, bp, step, "decode tokens as rows, prefill through flash_mla_sparse_fwd", version)
+        self.record_step(batch, bp, step, "decode tokens as rows, prefill through flash_mla_sparse_fwd", version,
+                         "decode tokens")
         b = step.decode_tokens
         if b:
             lengths = None if bp.rows_only or b > s.max_rows else step.decode_row_lengths()

@@ -95,7 +95,7 @@ class FlashMLASparseProfile(VllmProfile):
     def derive(self, batch: Batch, version: dict, setup: SparseSetup, bp: BatchPlan, kernel, memo=None) -> None:
         s = setup
         step = split_step(*step_columns(batch), s.threshold, s.uniform)
-        self.record_step(batch, bp, step, s.mode, version)
+        self.record_step(batch, bp, step, s.mode, version, "tokens" if s.mode == "mixed batch" else "decode requests")
         dense_mha = step.num_prefills > 0 and step.longest_prefill <= s.topk
         mqa_prefill = 0 if dense_mha else step.prefill_tokens
         if dense_mha:

@@ -15,7 +15,7 @@ import numpy as np
 from ..batch import Batch, request_arrays
 from ..errors import InputError
 from ..fields import positive_int
-from ..flashmla.plan import Plan
+from ..flashmla.calls import MAX_ROWS
 from ..forward import draft_tokens, forward_rows
 from ..knowledge import load
 from .base import BatchPlan, Profile
@@ -183,29 +183,29 @@ class VllmProfile(Profile):
     guarantees = frozenset({"lengths"})
     shape_grows_with_rows = True
 
-    def record_step(self, batch: Batch, bp: BatchPlan, step: VllmStep, mode: str, version: dict) -> None:
+    def record_step(self, batch: Batch, bp: BatchPlan, step: VllmStep, mode: str, version: dict,
+                    rows_are: str = "decode requests") -> None:
+        """The step's context; ``rows_are``: what the decode kernel's rows count (``decode
+        requests``, ``decode tokens``, or ``tokens`` when the whole step is one call's query)."""
         rows, bd = forward_rows(batch)
         bp.rows, bp.row_breakdown = rows, bd
         bp.routing = {"threshold": None, "routed": False, "version": version["name"], "vllm_mode": mode,
-                      "reason": f"vLLM {version['name']}: {mode}", "step": step.to_dict()}
-
-    @staticmethod
-    def decode_limit(plans: list[Plan]) -> int | None:
-        rows = [p.max_sched_rows for p in plans if p.is_decode]
-        return min(rows) if rows else None
+                      "reason": f"vLLM {version['name']}: {mode}", "step": step.to_dict(), "rows_are": rows_are}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
-        if bounds.max_rows is None or not bp.calls:
+        if bounds.max_rows is None or not bp.calls or bounds.max_rows >= MAX_ROWS:
             return []
-        step = bp.routing.get("step", {})
-        per = max(int(step.get("decode_query_len") or 1), 1) if self.rows_per_decode_token else 1
-        L = bounds.max_rows // per
-        return [{"flag": "--max-num-seqs", "value": L,
-                 "why": f"bounds the decode requests of a step: the decode kernel takes at most {bounds.max_rows} rows"
+        L = bounds.max_rows
+        rows_are = bp.routing.get("rows_are")
+        if rows_are == "tokens":
+            return [{"flag": "--max-num-batched-tokens", "value": L,
+                     "why": f"the whole step is one call whose query is its tokens: at most {L}"}]
+        per = 1
+        if rows_are == "decode tokens":
+            per = 1 + num_speculative_tokens(batch)
+        return [{"flag": "--max-num-seqs", "value": L // per,
+                 "why": f"bounds the decode requests of a step: the decode kernel takes at most {L} rows"
                         + (f" ({per} per request)" if per > 1 else "")}]
-
-    #: whether the decode kernel's ``b`` counts every decode token (DeepSeek-V4) or every request
-    rows_per_decode_token = False
 
     def context(self, bp: BatchPlan) -> dict:
         if bp.rows is None:
