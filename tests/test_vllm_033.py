@@ -19,7 +19,7 @@ import vllm_release
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from validator import LEGAL, BatchIllegalError, Checker
+from validator import LEGAL, BatchIllegalError, Checker, InputError
 from validator.api import check
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -406,3 +406,18 @@ def test_dsv4_prevention_counts_draft_tokens():
     sa = {"num_speculative_tokens": 3, "speculative_num_draft_tokens": 4}
     r = check(doc("vllm-dsv4", sa, "target_verify", decodes(LEGACY // 4 + 1)), split=True)
     assert [(s["flag"], s["value"]) for s in r.safe_split.to_dict()["settings"]] == [("--max-num-seqs", LEGACY // 4)]
+
+
+@pytest.mark.parametrize("engine, dtype", [("vllm-flashmla-sparse", "fp8_e5m2"),   # flashmla_sparse.py:149-155
+                                           ("vllm-flashmla", "fp8_ds_mla"),        # flashmla.py:48-54
+                                           ("vllm-dsv4", "bfloat16")])             # deepseek_v4/attention.py:111-117
+def test_cache_dtypes_the_backend_refuses_are_input_errors(engine, dtype):
+    with pytest.raises(InputError) as ei:
+        check(doc(engine, {"kv_cache_dtype": dtype}, "decode", decodes(2)))
+    assert ei.value.field == "server_args.kv_cache_dtype" and dtype in str(ei.value)
+
+
+def test_vllm_steps_take_no_draft_extend():
+    with pytest.raises(InputError) as ei:
+        check(doc("vllm-dsv4", {"speculative_num_draft_tokens": 4}, "draft_extend", decodes(2)))
+    assert ei.value.field == "forward_mode"

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..batch import Batch
+from ..fields import positive_int
 from ..flashmla.calls import DecodeCall, SparsePrefillCall
 from ..flashmla.plan import plan
 from .base import BatchPlan, DerivedCall
-from .vllm_steps import VllmProfile, num_speculative_tokens, profile_data, split_step, step_columns
+from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
 
 NAME = "vllm-dsv4"
 
@@ -33,13 +34,15 @@ class VllmDsv4Setup:
 
 
 def _heads(batch: Batch, dflt: dict) -> int:
+    """Query heads of the decode call: ``model.h_q`` as given, else the model's heads per rank
+    padded to 64 (q arrives padded, models/deepseek_v4/nvidia/flashmla.py:213-215)."""
     m = batch.model
     if "h_q" in m:
-        return int(m["h_q"])
+        return positive_int(m["h_q"], "model.h_q")
     if "num_attention_heads" in m:
-        tp = int(batch.arg("tp_size", 1) or 1)
-        per = -(-int(m["num_attention_heads"]) // tp)
-        return -(-per // 64) * 64        # the wrapper pads q to the kernel's heads
+        tp = positive_int(batch.arg("tp_size", 1) or 1, "server_args.tp_size")
+        per = -(-positive_int(m["num_attention_heads"], "model.num_attention_heads") // tp)
+        return -(-per // 64) * 64
     return dflt["h_q"]
 
 
@@ -50,7 +53,9 @@ class VllmDsv4Profile(VllmProfile):
         prof = profile_data(NAME)
         dflt = prof["defaults"]
         kernel = kernel or version.get("kernel_build")
-        ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
+        cache_dtype(batch, dflt, version)          # always an fp8 cache: anything else vLLM refuses
+        ctx = positive_int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"],
+                           "server_args.context_length")
         c128_width = -(-(-(-ctx // 128)) // 64) * 64
         calls = []
         for spec in prof["calls"]:

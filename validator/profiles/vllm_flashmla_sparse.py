@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..batch import Batch
+from ..fields import positive_int
 from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
 from ..flashmla.plan import plan
 from .base import BatchPlan, DerivedCall
@@ -66,18 +67,18 @@ class FlashMLASparseProfile(VllmProfile):
         dflt = profile_data(NAME)["defaults"]
         kernel = kernel or version.get("kernel_build")
         heads = heads_per_rank(batch, dflt)
-        fp8 = cache_dtype(batch, dflt) in version["fp8_cache_dtypes"]
+        fp8 = cache_dtype(batch, dflt, version) in version["fp8_cache_dtypes"]
         if fp8 and heads < version["min_heads_for_separate_prefill"]:
             mode = "mixed batch"
         elif fp8:
             mode = "separate prefill and decode"
         else:
             mode = "bf16 sparse prefill"
-        topk = int(batch.model.get("index_topk", dflt["index_topk"]))
+        topk = positive_int(batch.model.get("index_topk", dflt["index_topk"]), "model.index_topk")
         mult = version["prefill_heads_multiple"]
         s = SparseSetup(heads, fp8, mode, reorder_threshold(version, heads, batch.gpu, num_speculative_tokens(batch)),
                         bool(version["uniform_decodes"]), _pad_decode_heads(version, heads), -(-heads // mult) * mult,
-                        int(batch.model.get("d_qk", dflt["d_qk"])), topk, int(dflt["page"]), kernel, None)
+                        positive_int(batch.model.get("d_qk", dflt["d_qk"]), "model.d_qk"), topk, int(dflt["page"]), kernel, None)
         max_rows = MAX_ROWS       # no decode kernel per request: no scheduler row limit per request
         if mode == "separate prefill and decode":
             max_rows = plan(self._decode_call(s, 1, 1, ""), batch.gpu, kernel).max_sched_rows

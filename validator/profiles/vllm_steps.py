@@ -167,11 +167,14 @@ def heads_per_rank(batch: Batch, defaults: dict) -> int:
     return max(n // tp, 1)
 
 
-def cache_dtype(batch: Batch, defaults: dict) -> str:
+def cache_dtype(batch: Batch, defaults: dict, version: dict) -> str:
+    """``kv_cache_dtype`` (the profile's default when unset), one of the backend's supported names."""
     v = batch.arg("kv_cache_dtype", defaults.get("kv_cache_dtype", "auto"))
-    if not isinstance(v, str):
-        raise InputError("server_args.kv_cache_dtype", f"expected a cache dtype name, got {v!r:.60}")
-    return v.strip().lower()
+    name = v.strip().lower() if isinstance(v, str) else None
+    if name not in version["cache_dtypes"]:
+        raise InputError("server_args.kv_cache_dtype",
+                         f"expected one of {', '.join(version['cache_dtypes'])} (the backend's cache dtypes), got {v!r:.60}")
+    return name
 
 
 class VllmProfile(Profile):
