@@ -417,7 +417,23 @@ def test_cache_dtypes_the_backend_refuses_are_input_errors(engine, dtype):
     assert ei.value.field == "server_args.kv_cache_dtype" and dtype in str(ei.value)
 
 
+def test_backend_architectures():
+    # flashmla.py:73-74 and flashmla_sparse.py:203-204: compute capability 9.x or 10.x
+    with pytest.raises(InputError) as ei:
+        check(doc("vllm-flashmla", {}, "decode", decodes(2), gpu={"num_sms": 84, "cc": [8, 0], "smem_optin": 166912}))
+    assert ei.value.field == "gpu"
+
+
 def test_vllm_steps_take_no_draft_extend():
     with pytest.raises(InputError) as ei:
         check(doc("vllm-dsv4", {"speculative_num_draft_tokens": 4}, "draft_extend", decodes(2)))
     assert ei.value.field == "forward_mode"
+
+
+def test_nvfp4_cache_is_blackwell_only():
+    # flashmla_sparse.py:250-254: nvfp4_ds_mla needs compute capability 10.x
+    with pytest.raises(InputError) as ei:
+        check(doc("vllm-flashmla-sparse", {"kv_cache_dtype": "nvfp4_ds_mla"}, "decode", decodes(2), gpu="H200"))
+    assert ei.value.field == "server_args.kv_cache_dtype"
+    r = check(doc("vllm-flashmla-sparse", {"kv_cache_dtype": "nvfp4_ds_mla"}, "decode", decodes(2), gpu="B200"))
+    assert r.context["routing"]["vllm_mode"] == "separate prefill and decode"

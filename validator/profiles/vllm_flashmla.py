@@ -17,6 +17,7 @@ from .base import BatchPlan, DerivedCall
 from .vllm_steps import (
     VllmProfile,
     cache_dtype,
+    check_arch,
     heads_per_rank,
     num_speculative_tokens,
     profile_data,
@@ -44,6 +45,7 @@ class VllmFlashMLAProfile(VllmProfile):
     def setup(self, batch: Batch, version: dict, kernel: str | None) -> DenseSetup:
         dflt = profile_data(NAME)["defaults"]
         kernel = kernel or version.get("kernel_build")
+        check_arch(batch, version, NAME)
         k = num_speculative_tokens(batch)
         thr = int(version["reorder_threshold"])
         thr = max(thr, 1 + k) if k > 0 else thr

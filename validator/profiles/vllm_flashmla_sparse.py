@@ -22,6 +22,7 @@ from .base import BatchPlan, DerivedCall
 from .vllm_steps import (
     VllmProfile,
     cache_dtype,
+    check_arch,
     heads_per_rank,
     num_speculative_tokens,
     profile_data,
@@ -66,6 +67,7 @@ class FlashMLASparseProfile(VllmProfile):
     def setup(self, batch: Batch, version: dict, kernel: str | None) -> SparseSetup:
         dflt = profile_data(NAME)["defaults"]
         kernel = kernel or version.get("kernel_build")
+        check_arch(batch, version, NAME)
         heads = heads_per_rank(batch, dflt)
         fp8 = cache_dtype(batch, dflt, version) in version["fp8_cache_dtypes"]
         if fp8 and heads < version["min_heads_for_separate_prefill"]:

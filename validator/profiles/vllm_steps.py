@@ -174,7 +174,19 @@ def cache_dtype(batch: Batch, defaults: dict, version: dict) -> str:
     if name not in version["cache_dtypes"]:
         raise InputError("server_args.kv_cache_dtype",
                          f"expected one of {', '.join(version['cache_dtypes'])} (the backend's cache dtypes), got {v!r:.60}")
+    archs = version.get("cache_dtype_archs", {}).get(name)
+    if archs is not None and batch.gpu.arch not in archs:
+        raise InputError("server_args.kv_cache_dtype", f"{name} runs on compute capability "
+                         f"{' or '.join(f'{a}.x' for a in archs)} only; {batch.gpu.name} is {batch.gpu.arch}.x")
     return name
+
+
+def check_arch(batch: Batch, version: dict, profile: str) -> None:
+    """The backend runs on the GPU's architecture (vLLM would not select it otherwise)."""
+    archs = version.get("archs")
+    if archs is not None and batch.gpu.arch not in archs:
+        raise InputError("gpu", f"{profile} runs on compute capability {' or '.join(f'{a}.x' for a in archs)}; "
+                                f"{batch.gpu.name} is {batch.gpu.arch}.x")
 
 
 class VllmProfile(Profile):
@@ -231,5 +243,5 @@ class VllmProfile(Profile):
         return lines
 
 
-__all__ = ["VllmProfile", "VllmStep", "VLLM_MODES", "cache_dtype", "heads_per_rank", "num_speculative_tokens",
+__all__ = ["VllmProfile", "VllmStep", "VLLM_MODES", "cache_dtype", "check_arch", "heads_per_rank", "num_speculative_tokens",
            "profile_data", "split_step", "step_columns"]
