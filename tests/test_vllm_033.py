@@ -113,8 +113,9 @@ def test_sparse_mixed_batch_tokens_limit(tokens):
     assert bool(guard.verdict("decode", seq_lens=[9] * tokens)) is (tokens <= MIXED_LIMIT)
 
 
-@pytest.mark.parametrize("heads, tp, mode", [(128, 4, "separate prefill and decode"),   # 32 per rank
-                                             (124, 4, "mixed batch")])                    # 31 per rank
+@pytest.mark.parametrize("heads, tp, mode", [(124, 4, "mixed batch"),                    # 31 per rank
+                                             (128, 4, "separate prefill and decode"),   # 32 per rank
+                                             (132, 4, "separate prefill and decode")])  # 33 per rank
 def test_sparse_mode_at_32_heads(heads, tp, mode):
     r = check(doc("vllm-flashmla-sparse", {**FP8, "tp_size": tp}, "decode", decodes(10),
                   model={"num_attention_heads": heads}))
@@ -127,12 +128,14 @@ def test_sparse_separate_decode_b_is_decode_requests(n, legal):
     assert r.legal is legal and calls(r)[0]["call"]["b"] == n and calls(r)[0]["call"]["s_q"] == 1
 
 
-@pytest.mark.parametrize("q, decode", [(255, True), (256, True), (257, False)])
-def test_sparse_reorder_threshold_128_heads_on_sm90(q, decode):
-    # flashmla_sparse.py:371: 128 heads per rank off SM100 -> 256 query tokens
-    r = check(doc("vllm-flashmla-sparse", FP8, "extend", cached(4, q, computed=5000)))
+@pytest.mark.parametrize("gpu, thr", [("H200", 256), ("B200", 1024)])
+@pytest.mark.parametrize("dq", [-1, 0, 1])
+def test_sparse_reorder_threshold_128_heads(gpu, thr, dq):
+    # flashmla_sparse.py:366-371: 128 heads per rank -> 256 query tokens off SM100, 1024 on SM100
+    q = thr + dq
+    r = check(doc("vllm-flashmla-sparse", FP8, "extend", cached(4, q, computed=5000), gpu=gpu))
     routes = [(c["route"], c["call"].get("b"), c["call"]["s_q"]) for c in calls(r)]
-    assert routes == ([("decode_kernel", 4, q)] if decode else [("sparse_prefill", None, 4 * q)])
+    assert routes == ([("decode_kernel", 4, q)] if q <= thr else [("sparse_prefill", None, 4 * q)])
 
 
 def test_sparse_uniform_decodes_only_the_leading_run():
