@@ -274,7 +274,8 @@ def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
     for rid, ids in spec.items():
         k = len(ids)
         if rid not in sched:
-            raise InputError(f"scheduled_spec_decode_tokens[{rid!r}]", "draft tokens for a request that is not scheduled")
+            raise InputError(f"scheduled_spec_decode_tokens[{rid!r}]",
+                             "draft tokens for a request that is not scheduled")
         if k >= sched[rid]:
             raise InputError(f"scheduled_spec_decode_tokens[{rid!r}]",
                              f"expected fewer than num_scheduled_tokens ({sched[rid]}) draft tokens, got {k}")

@@ -20,7 +20,8 @@ def vllm_profile(cfg: EngineConfig) -> str | None:
     attention backend, or a model path naming the model family); None when not recognisable."""
     backend = str(cfg.get("attention_backend", "") or "").strip().lower()
     model = str(cfg.get("model_path", "") or "").lower()
-    profiles = [(n, p.get("recognised_by", {})) for n, p in load("engines")["profiles"].items() if p.get("engine") == "vllm"]
+    profiles = [(n, p.get("recognised_by", {})) for n, p in load("engines")["profiles"].items()
+                if p.get("engine") == "vllm"]
     for name, rec in profiles:
         if backend and backend in rec.get("attention_backend", []):
             return name
@@ -35,7 +36,8 @@ def _profile_engine(profile: str, version: str | None) -> tuple[str | None, str]
     try:
         resolve_version(profile, version)
     except InputError as e:
-        return None, f"{profile} has no version for vLLM {version} ({e.message}): the dump is judged by the raw row model"
+        return None, (f"{profile} has no version for vLLM {version} ({e.message}): the dump is judged by the raw "
+                      f"row model")
     return (f"{profile}@{version}" if version else profile), ""
 
 

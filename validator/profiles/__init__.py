@@ -63,4 +63,5 @@ def resolve_version(profile: str, version: str | None) -> dict:
     raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
 
 
-__all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by", "resolve_version"]
+__all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by",
+           "resolve_version"]

@@ -94,7 +94,8 @@ class VllmDsv4Profile(VllmProfile):
             mult = int(version["prefill_topk_multiple"])
             for name, r, extra_topk, _ in s.calls:
                 topk = -(-(s.topk + (extra_topk or 0)) // mult) * mult
-                call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=topk, label=f"{name} prefill")
+                call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=topk,
+                                         label=f"{name} prefill")
                 bp.calls.append(DerivedCall(call.label, call, plan(call, batch.gpu, s.kernel), "sparse_prefill"))
 
     def bound_hints(self, setup: VllmDsv4Setup, bp: BatchPlan) -> dict:

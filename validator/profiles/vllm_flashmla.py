@@ -49,7 +49,8 @@ class VllmFlashMLAProfile(VllmProfile):
         k = num_speculative_tokens(batch)
         thr = int(version["reorder_threshold"])
         thr = max(thr, 1 + k) if k > 0 else thr
-        s = DenseSetup(heads_per_rank(batch, dflt), cache_dtype(batch, dflt, version) in version["fp8_cache_dtypes"], thr,
+        fp8 = cache_dtype(batch, dflt, version) in version["fp8_cache_dtypes"]
+        s = DenseSetup(heads_per_rank(batch, dflt), fp8, thr,
                        int(dflt["d_qk"]), int(dflt["page"]), kernel, 0)
         probe = plan(self._call(s, 1, 1, None), batch.gpu, kernel)
         return DenseSetup(**{**s.__dict__, "max_rows": probe.max_sched_rows})

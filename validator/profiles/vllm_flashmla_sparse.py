@@ -80,7 +80,8 @@ class FlashMLASparseProfile(VllmProfile):
         mult = version["prefill_heads_multiple"]
         s = SparseSetup(heads, fp8, mode, reorder_threshold(version, heads, batch.gpu, num_speculative_tokens(batch)),
                         bool(version["uniform_decodes"]), _pad_decode_heads(version, heads), -(-heads // mult) * mult,
-                        positive_int(batch.model.get("d_qk", dflt["d_qk"]), "model.d_qk"), topk, int(dflt["page"]), kernel, None)
+                        positive_int(batch.model.get("d_qk", dflt["d_qk"]), "model.d_qk"), topk, int(dflt["page"]),
+                        kernel, MAX_ROWS)
         max_rows = MAX_ROWS       # no decode kernel per request: no scheduler row limit per request
         if mode == "separate prefill and decode":
             max_rows = plan(self._decode_call(s, 1, 1, ""), batch.gpu, kernel).max_sched_rows

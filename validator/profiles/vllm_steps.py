@@ -173,7 +173,8 @@ def cache_dtype(batch: Batch, defaults: dict, version: dict) -> str:
     name = v.strip().lower() if isinstance(v, str) else None
     if name not in version["cache_dtypes"]:
         raise InputError("server_args.kv_cache_dtype",
-                         f"expected one of {', '.join(version['cache_dtypes'])} (the backend's cache dtypes), got {v!r:.60}")
+                         f"expected one of {', '.join(version['cache_dtypes'])} (the backend's cache dtypes), "
+                         f"got {v!r:.60}")
     archs = version.get("cache_dtype_archs", {}).get(name)
     if archs is not None and batch.gpu.arch not in archs:
         raise InputError("server_args.kv_cache_dtype", f"{name} runs on compute capability "
@@ -243,5 +244,6 @@ class VllmProfile(Profile):
         return lines
 
 
-__all__ = ["VllmProfile", "VllmStep", "VLLM_MODES", "cache_dtype", "check_arch", "heads_per_rank", "num_speculative_tokens",
+__all__ = ["VllmProfile", "VllmStep", "VLLM_MODES", "cache_dtype", "check_arch", "heads_per_rank",
+           "num_speculative_tokens",
            "profile_data", "split_step", "step_columns"]
