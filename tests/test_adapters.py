@@ -308,7 +308,7 @@ def test_unknown_objects_are_input_errors(pre):
 def snippets() -> dict[str, str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     found = dict(re.findall(r"<!-- guard:([\w-]+) -->\s*```python\n(.*?)```", text, flags=re.S))
-    assert {"sglang-init", "sglang-step", "sglang-prevent", "vllm-init", "vllm-step", "vllm-prevent"} <= set(found)
+    assert {"sglang-init", "sglang-step", "sglang-prevent", "vllm-init", "vllm-hook", "vllm-prevent"} <= set(found)
     return found
 
 
@@ -367,19 +367,20 @@ def test_documented_sglang_prevention_with_mixed_chunking():
     assert scheduler.chunked_prefill_size == LIMIT - 64 and scheduler.max_prefill_tokens == LIMIT - 64
 
 
-def test_documented_vllm_snippet_refuses_an_oversized_step():
+def test_documented_vllm_hook_refuses_an_oversized_step():
+    # duck-typed scheduler and outputs (the release's own classes: tests/test_vllm_033.py)
     code = snippets()
     log, cap = _logger()
-    scope = {"logger": log, "max_num_batched_tokens": 16384}
+    steps = [scheduler_output({f"r{i}": 1 for i in range(n)}, {f"r{i}": 9 for i in range(n)}) for n in (8, 2906)]
+    scheduler = SimpleNamespace(schedule=lambda throttle: steps.pop(0))
+    scope = {"logger": log, "engine_core": SimpleNamespace(scheduler=scheduler), "max_num_seqs": 8192}
     exec(code["vllm-init"], scope)
-    scope["scheduler_output"] = scheduler_output({"a": 8192, "b": 4096}, {"a": 0, "b": 100}, new=("a", "b"))
-    with pytest.raises(BatchIllegalError) as ei:
-        exec(code["vllm-step"], scope)
-    assert ei.value.safe_split.steps == [["a"], ["b"]]
-    scope["scheduler_output"] = scheduler_output({"a": 8192}, {"a": 0}, new=("a",))
-    exec(code["vllm-step"], scope)
+    exec(code["vllm-hook"], scope)
+    assert scope["engine_core"].scheduler.schedule(False).total_num_scheduled_tokens == 8
+    # 2906 decode requests with 3 speculative tokens configured: a plain decode step of 2906 rows is legal
+    assert scope["engine_core"].scheduler.schedule(False).total_num_scheduled_tokens == 2906
     exec(code["vllm-prevent"], scope)
-    assert scope["max_num_batched_tokens"] == LIMIT
+    assert scope["max_num_seqs"] == LIMIT // 4 and not cap.messages
 
 
 def test_headroom_of_an_engine_object():

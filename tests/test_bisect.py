@@ -283,3 +283,46 @@ def test_settings_that_contradict_the_log_are_flagged():
     # The log shows a 12288-token prefill; a chunk budget of 8192 cannot have produced it.
     diag = run("sglang-dsv4-prefill-12288.log", server_args=["chunked_prefill_size=8192"])
     assert any("12288 new tokens" in n and "do not match" in n for n in diag.notes)
+
+
+def test_vllm_dump_names_its_profile_and_release():
+    # the log is vLLM 0.19.0 serving DeepSeek-V3.2: recognised as vllm-flashmla-sparse, whose only
+    # version is 0.33, so the dump keeps the raw row model (test_vllm_dump_is_the_crashing_step)
+    diag = run("vllm-scheduler-dump.log")
+    assert "vLLM profile: vllm-flashmla-sparse (from the log's settings)" in diag.notes
+    assert diag.config.values["model_path"] == "deepseek-ai/DeepSeek-V3.2" and diag.config.values["tp_size"] == 8
+    assert any("has no version for vLLM 0.19.0" in n for n in diag.notes)
+    assert diag.explained.codes == ["FMLA001"]
+
+
+def dump_033(tmp_path, prefill: int):
+    """The fixture's dump as vLLM 0.33.0 wrote it, with a prefill of ``prefill`` tokens beside its 3 decodes."""
+    text = (LOGS / "vllm-scheduler-dump.log").read_text().replace("0.19.0", "0.33.0")
+    text = text.replace("12003", str(prefill + 3)).replace("12000", str(prefill))
+    log = tmp_path / "vllm-033.log"
+    log.write_text(text)
+    return log
+
+
+MIXED_EDGE = (2 ** 31 - 1) // (64 * 576)   # the mixed call's q.stride(0) = tokens x 64 heads x 576 in int32
+
+
+@pytest.mark.parametrize("server_args, prefill, codes", [
+    # 0.33.0 at tp 8 (16 heads per rank), bf16 cache: every MQA token through flash_mla_sparse_fwd
+    ((), 12000, []),
+    # fp8 cache, 16 < 32 heads: one decode-kernel call, b = 1, s_q = the step's tokens
+    (("kv_cache_dtype=fp8_ds_mla",), 12000, []),
+    (("kv_cache_dtype=fp8_ds_mla",), MIXED_EDGE - 3, []),
+    (("kv_cache_dtype=fp8_ds_mla",), MIXED_EDGE - 2, ["FMLA009"]),
+])
+def test_vllm_033_dump_is_judged_by_its_profile(tmp_path, server_args, prefill, codes):
+    ev, d = read_inputs(str(dump_033(tmp_path, prefill)), None)
+    diag = diagnose(ev, build_config(ev, d, None, server_args), d, BisectOptions())
+    (c,) = diag.candidates
+    assert c.batch["engine"] == "vllm-flashmla-sparse@0.33.0" and c.codes == codes
+    if codes:
+        assert diag.explained is c and c.boundary.largest_legal == MIXED_EDGE
+        assert diag.fixes[0]["flag"] == "--max-num-batched-tokens" and diag.fixes[0]["value"] == MIXED_EDGE
+        assert diag.fixes[0]["verified"]
+    else:
+        assert diag.explained is None

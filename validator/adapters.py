@@ -19,10 +19,15 @@ vLLM ``SchedulerOutput`` (what ``Scheduler.schedule()`` returns):
 * ``num_scheduled_tokens`` (request id -> tokens this step, speculative tokens included),
   ``total_num_scheduled_tokens``, ``scheduled_new_reqs`` (each with ``req_id`` and
   ``num_computed_tokens``), ``scheduled_cached_reqs`` (``req_ids`` with a parallel
-  ``num_computed_tokens`` list; older releases: a list of objects with ``req_id`` and
-  ``num_computed_tokens``).
+  ``num_computed_tokens`` and ``num_output_tokens`` lists; older releases: a list of objects with
+  ``req_id`` and ``num_computed_tokens``), ``scheduled_spec_decode_tokens`` (request id -> draft
+  token ids, counted in that request's ``num_scheduled_tokens``).
 * The step is one flattened forward: one query row per scheduled token. It is a decode step when
   every request computes exactly one token on top of a computed prefix, an extend step otherwise.
+  Under a vLLM profile (``vllm-*``) the profile splits the step as the backend does: a speculative
+  request is a decode of ``1 + drafts`` query tokens, not an extend. The fast path bounds the
+  step's tokens, which bound every call's rows and query length; a step past the bound takes the
+  full check.
 
 Values may be lists, tuples, numpy arrays or tensors (host tensors are read as numpy views, device
 tensors through ``tolist()``).
@@ -209,23 +214,40 @@ def _sglang_fast(batch: Any, checker) -> tuple | None:
 
 
 # ----------------------------------------------------------------------------------- vLLM
-def _computed_tokens(out: Any) -> dict:
+def _vllm_requests(out: Any) -> tuple[dict, dict]:
+    """``({request id: num_computed_tokens}, {request id: done prefilling})`` of the scheduled
+    requests: new requests (``NewRequestData``: done when ``num_computed_tokens`` reaches the prompt
+    length) and cached ones (``CachedRequestData``'s parallel ``req_ids`` / ``num_computed_tokens`` /
+    ``num_output_tokens`` lists: done once it has output tokens; older releases: a list of objects
+    with ``req_id`` and ``num_computed_tokens``)."""
     computed: dict = {}
+    done: dict = {}
     for r in out.scheduled_new_reqs or ():
         computed[r.req_id] = r.num_computed_tokens
+        plen = getattr(r, "prompt_len", None)         # 0.33: prompt token ids or embeddings
+        if not isinstance(plen, int):
+            prompt = getattr(r, "prompt_token_ids", None)
+            plen = len(prompt) if prompt is not None else 0
+        done[r.req_id] = plen > 0 and r.num_computed_tokens >= plen
     cached = getattr(out, "scheduled_cached_reqs", None)
     if cached is None:
-        return computed
+        return computed, done
     if hasattr(cached, "req_ids"):
         ids = list(cached.req_ids)
         nums = _as_list(cached.num_computed_tokens, "scheduled_cached_reqs.num_computed_tokens")
         if len(ids) != len(nums):
             raise InputError("scheduled_cached_reqs", f"{len(ids)} req_ids but {len(nums)} num_computed_tokens")
         computed.update(zip(ids, nums))
+        outs = getattr(cached, "num_output_tokens", None)
+        if outs is not None:
+            outs = _as_list(outs, "scheduled_cached_reqs.num_output_tokens")
+            if len(outs) != len(ids):
+                raise InputError("scheduled_cached_reqs", f"{len(ids)} req_ids but {len(outs)} num_output_tokens")
+            done.update((i, int(o) > 0) for i, o in zip(ids, outs))
     else:
         for c in cached:
             computed[c.req_id] = c.num_computed_tokens
-    return computed
+    return computed, done
 
 
 def _vllm_tokens(out: Any) -> tuple[list, list]:
@@ -240,6 +262,27 @@ def _vllm_tokens(out: Any) -> tuple[list, list]:
     return rids, toks
 
 
+def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
+    """``{request id: draft tokens}`` of ``scheduled_spec_decode_tokens`` (they are part of the
+    request's ``num_scheduled_tokens``: one verified token plus the drafts)."""
+    spec = getattr(out, "scheduled_spec_decode_tokens", None) or {}
+    if not hasattr(spec, "items"):
+        raise InputError("scheduled_spec_decode_tokens", f"expected a mapping of request id -> token ids, "
+                                                         f"got {type(spec).__name__}")
+    sched = dict(zip(rids, toks))
+    drafts = {}
+    for rid, ids in spec.items():
+        k = len(ids)
+        if rid not in sched:
+            raise InputError(f"scheduled_spec_decode_tokens[{rid!r}]",
+                             "draft tokens for a request that is not scheduled")
+        if k >= sched[rid]:
+            raise InputError(f"scheduled_spec_decode_tokens[{rid!r}]",
+                             f"expected fewer than num_scheduled_tokens ({sched[rid]}) draft tokens, got {k}")
+        drafts[rid] = k
+    return drafts
+
+
 def _vllm_mode(toks: list, prefix: list) -> str:
     if max(toks) == 1 and min(toks) == 1 and min(prefix) > 0:
         return "decode"
@@ -247,14 +290,29 @@ def _vllm_mode(toks: list, prefix: list) -> str:
 
 
 def vllm_lists(out: Any, checker) -> dict | None:
+    """A ``SchedulerOutput`` as ``Checker`` keyword arguments (None: nothing scheduled).
+
+    A step of one token per request on top of computed tokens is a decode step. Any other step is
+    an extend step of every request's scheduled tokens (drafts included) on top of its computed
+    tokens; for a vLLM profile the requests are listed as vLLM's reorder puts them (requests done
+    prefilling first, order kept otherwise) and the profile splits them as the backend does, so a
+    speculative step's requests are decodes of ``1 + drafts`` query tokens each."""
     rids, toks = _vllm_tokens(out)
     if not rids:
         return None
-    computed = _computed_tokens(out)
+    computed, done = _vllm_requests(out)
     missing = [r for r in rids if r not in computed]
     if missing:
         raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
                          f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
+    drafts = _vllm_spec(out, rids, toks)
+    if getattr(checker, "vllm_steps", False):
+        # the reorder's first region: requests with computed tokens that are done prefilling
+        first = [i for i, r in enumerate(rids) if (done.get(r) or r in drafts) and computed[r] > 0]
+        if first and len(first) < len(rids):
+            lead = set(first)
+            order = first + [i for i in range(len(rids)) if i not in lead]
+            rids, toks = [rids[i] for i in order], [toks[i] for i in order]
     prefix = [computed[r] for r in rids]
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     prefix = column(prefix, "num_computed_tokens", 0, MAX_POSITION, len(toks))
@@ -269,6 +327,11 @@ def _vllm_fast(out: Any, checker) -> tuple | None:
     if not rids:
         return None
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
+    if getattr(checker, "vllm_steps", False):
+        # a vLLM profile's bound is on the step's tokens: the decode kernel's rows (requests or
+        # tokens) and the mixed call's s_q never exceed them; past the bound the full check splits
+        # the step as the backend does
+        return ("decode" if max(toks) == 1 else "extend"), sum(toks), None
     mode = "extend"
     if checker.threshold is not None:  # decode or extend matters only where extend forwards are routed
         lists = vllm_lists(out, checker)

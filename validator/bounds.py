@@ -141,7 +141,8 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     sched_free = MAX_ROWS
     routed_ok = decode_ok
     if has_rows:
-        only = _codes(lambda q: "rows" in q and q <= {"rows", "config"})
+        shapes = any(p.shape_grows_with_rows for p in setup.profiles)
+        only = _codes(lambda q: ("rows" in q and q <= {"rows", "config"}) or (shapes and q == {"config"}))
 
         def rows_legal(r: int) -> bool:
             # r decode entries of length 1, held as one broadcast value (no per-row memory)

@@ -206,7 +206,7 @@ def check(
     across_builds: bool = typer.Option(False, "--across-builds", help="Also judge the same input by every known FlashMLA build: one verdict each (crash, fallback, fine)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No output; the exit code is the verdict."),
     run_kernel: bool = typer.Option(False, "--kernel", help="Also run the real FlashMLA kernels (needs a GPU and a FlashMLA build) and diff them with the model."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Quick batch without a file: engine profile, e.g. sglang-dsv4@pre-25418."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Quick batch without a file: engine profile, e.g. sglang-dsv4@pre-25418 or vllm-flashmla-sparse (validate-batch engines lists them)."),
     mode: str = typer.Option("extend", "--mode", help="Quick batch: forward mode (extend, decode, mixed, target_verify, draft_extend)."),
     extend: Optional[str] = typer.Option(None, "--extend", help="Quick batch: new tokens per request, e.g. 4096,4096,4096 or 3x4096."),
     prefix: Optional[str] = typer.Option(None, "--prefix", help="Quick batch: cached prefix per request (one value for all, or one each)."),
@@ -236,6 +236,8 @@ def check(
     * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`
 
     * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 4096,4096,4096 --decode 1 --server-arg enable_mixed_chunk=true`
+
+    * `validate-batch check --engine vllm-dsv4 --mode target_verify --decode 2906 --server-arg speculative_num_draft_tokens=4 --server-arg num_speculative_tokens=3`
 
     * `validate-batch check --example pd-decode-slot-96 --reproduce`
 

@@ -54,6 +54,7 @@ from .headroom import Headroom, headroom
 from .limits import echo
 from .names import BATCH_SETTINGS, check_server_arg, normalize_setting, parse_mode
 from .pipeline import check_batch, check_engine_batch
+from .profiles import engine_family
 from .report import Report
 from .ruleset import STATE as RULES
 
@@ -206,6 +207,8 @@ class Checker:
         self.kernel_build: str = self._setup.kernel_build     # the FlashMLA build steps are judged by
         self.static_findings = b.static_findings
         self.draft_tokens = draft_tokens(self._template)
+        # a vLLM profile splits a step as the backend does (engine objects are read for it)
+        self.vllm_steps = any(engine_family(n) == "vllm" for n, _ in tmpl.profiles)
         self.mixed_chunk = bool(self._template.arg("enable_mixed_chunk", False))
         self.has_rows = b.has_rows
         self.max_rows: int | None = b.max_rows

@@ -191,10 +191,11 @@ def _settings(batch: Batch, report, bounds) -> list[dict]:
     return [st for prof in bp.profiles for st in prof.prevention(batch, bp, bounds)]
 
 
-def _no_split(errors: list) -> str | None:
+def _no_split(errors: list, shapes_grow: bool = False) -> str | None:
     """Why no split can help, when some error is of a rule that splitting cannot fix (it reads only
-    the configuration or a request's own slot); None otherwise."""
-    fixed = [f for f in errors if not _rule_of(f).split_helps]
+    the configuration or a request's own slot); None otherwise. ``shapes_grow``: a profile's call
+    shapes grow with the step's rows (a vLLM mixed batch), so a shape-only rule is one a split fixes."""
+    fixed = [f for f in errors if not (_rule_of(f).split_helps or (shapes_grow and _rule_of(f).shape_only))]
     if not fixed:
         return None
     first = fixed[0]
@@ -215,6 +216,7 @@ def _rule_of(f):
 
 class _Unknown:
     split_helps = True
+    shape_only = False
 
 
 _UNKNOWN = _Unknown()
@@ -244,7 +246,8 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
     n = len(reqs)
     ids = reqs.id_list() if isinstance(reqs, RequestColumns) else [r.id for r in reqs]
     settings = _settings(batch, report, bounds)
-    reason = _no_split(report.errors)
+    bp = report.batch_plan
+    reason = _no_split(report.errors, bp is not None and any(p.shape_grows_with_rows for p in bp.profiles))
     if reason is not None:
         return SafeSplit(False, reason=reason, settings=settings)
     merged = len(batch.running) if batch.mixed else 0

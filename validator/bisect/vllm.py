@@ -1,12 +1,68 @@
 """vLLM: its crash-time scheduler dump is the crashing step itself."""
 from __future__ import annotations
 
+from ..errors import InputError
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
+from ..knowledge import load
+from ..profiles import resolve_version
 from .boundary import BisectChecker
 from .evaluate import evaluate
 from .results import Candidate, Diagnosis
+
+#: the settings a vLLM profile reads, passed from the log's configuration
+PROFILE_SETTINGS = ("kv_cache_dtype", "tp_size", "num_speculative_tokens", "context_length")
+
+
+def vllm_profile(cfg: EngineConfig) -> str | None:
+    """The vLLM profile the launch command names (``recognised_by`` in ``rules/engines.json``: the
+    attention backend, or a model path naming the model family); None when not recognisable."""
+    backend = str(cfg.get("attention_backend", "") or "").strip().lower()
+    model = str(cfg.get("model_path", "") or "").lower()
+    profiles = [(n, p.get("recognised_by", {})) for n, p in load("engines")["profiles"].items()
+                if p.get("engine") == "vllm"]
+    for name, rec in profiles:
+        if backend and backend in rec.get("attention_backend", []):
+            return name
+    for name, rec in profiles:
+        if model and any(m in model for m in rec.get("model_path", [])):
+            return name
+    return None
+
+
+def _profile_engine(profile: str, version: str | None) -> tuple[str | None, str]:
+    """``(engine spec, why not)``: the profile at the log's release, or None with the reason."""
+    try:
+        resolve_version(profile, version)
+    except InputError as e:
+        return None, (f"{profile} has no version for vLLM {version} ({e.message}): the dump is judged by the raw "
+                      f"row model")
+    return (f"{profile}@{version}" if version else profile), ""
+
+
+def profile_candidate(step, cfg: EngineConfig, engine: str) -> Candidate:
+    """The dumped step as a batch of the vLLM profile ``engine``: the backend's own reorder, split
+    and calls. The varying quantity is the step's tokens, grown or shrunk in its largest request."""
+    sa = {k: cfg.get(k) for k in PROFILE_SETTINGS if cfg.get(k) is not None}
+    reqs = [{"id": r.id, "extend_tokens": r.num_scheduled, "prefix_len": r.num_computed} for r in step.requests]
+    rows = step.total_rows
+    big = max(range(len(reqs)), key=lambda i: reqs[i]["extend_tokens"])
+    base = rows - reqs[big]["extend_tokens"]
+
+    def make(v: int, version: str | None = None) -> dict:
+        rs = [dict(r) for r in reqs]
+        rs[big]["extend_tokens"] = max(v - base, 1)
+        return {"engine": engine, "server_args": sa, "forward_mode": "extend", "requests": rs,
+                "label": f"vLLM step with {base + rs[big]['extend_tokens']} scheduled tokens"}
+
+    dec = sum(1 for r in step.requests if r.is_decode)
+    basis = [f"line {step.line_no}: SchedulerOutput with {len(step.requests)} request(s) ({dec} decoding), "
+             f"{rows} scheduled tokens",
+             f"judged by the {engine} profile: the backend's reorder and split, its decode and prefill calls "
+             f"(settings: {', '.join(f'{k}={v}' for k, v in sa.items()) or 'defaults'})"] + list(step.notes)
+    return Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
+                     base + 1, rows, rows, step.complete, basis, make, None, [None])
 
 
 def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
@@ -29,8 +85,24 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
              f"checked as one FlashMLA sparse decode call with b = {rows} rows (s_q 1, h_q {h_q}, topk {topk}): "
              "vLLM's FP8 sparse MLA treats the whole batch as decode rows"]
     basis += step.notes
+    profile = vllm_profile(cfg)
+    if profile is not None:
+        notes.append(f"vLLM profile: {profile} (from the log's settings)")
+        engine, why = _profile_engine(profile, ev.engine_version)
+        if engine is None:
+            notes.append(why)
+        else:
+            return _diagnosis(profile_candidate(step, cfg, engine), ev, cfg, err, checker, notes)
     c = Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
                   rows, rows, rows, step.complete, basis, make, None, [None])
+    return _diagnosis(c, ev, cfg, err, checker, notes)
+
+
+def _diagnosis(c: Candidate, ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
+               notes: list[str]) -> Diagnosis:
+    """Judge the dumped step's candidate, its boundary and the token cap that keeps it legal."""
+    step = ev.vllm_steps[-1]
+    make = c.make
     c_batch = {"requests": [r.to_dict() for r in step.requests]}
     evaluate(c, checker, err)
     c.batch = {**(c.batch or {}), "vllm_step": c_batch}
@@ -40,6 +112,8 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
         L = c.boundary.largest_legal
         fixes.append({"flag": "--max-num-batched-tokens", "value": L,
                       "why": f"caps the tokens of one step at {L} rows", "verified": checker(make(L)).legal})
+    elif explained is not None:
+        notes.append("the step's token count is not what breaks the limit (see the findings and the safe split)")
     else:
         notes.append("the dumped step does not break a modelled limit")
     notes.append("engine: vLLM (crash-time scheduler dump)")

@@ -19,6 +19,7 @@ from typing import IO, Any, Callable, Iterable, Iterator
 from .. import limits
 from ..errors import InputError
 from ..limits import parse_int
+from ..names import normalize_setting
 from .crash_lines import ErrorEvent, classify_error
 from .launch import DP_CHUNK_WARNING, EngineConfig, find_launch, parse_launch, server_args_from_line
 from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
@@ -33,7 +34,12 @@ MAX_EXAMPLES = 5
 MAX_VLLM_DUMP_CHARS = 4 << 20
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _VLLM_PREFIX = re.compile(r"\((?P<proc>\w+?)(?:_DP(?P<dp>\d+))?\s+pid=\d+\)")
-_VLLM_CONFIG = re.compile(r"\b(max_num_batched_tokens|max_num_seqs|max_model_len)\s*[=:]\s*'?(\d+)")
+_VLLM_CONFIG = re.compile(r"\b(max_num_batched_tokens|max_num_seqs|max_model_len|tensor_parallel_size|"
+                          r"num_speculative_tokens)'?\s*[=:]\s*'?(\d+)")
+# vLLM's startup "non-default args: {...}" and crash-time "with config: model='...', ..." lines: the
+# names a vLLM profile is recognised by and reads
+_VLLM_VERSION = re.compile(r"(?:vLLM API server version |V1 LLM engine \(v)(\d+\.\d+(?:\.\d+)?)")
+_VLLM_NAMES = re.compile(r"\b(model|kv_cache_dtype|attention_backend)'?\s*[=:]\s*'([^']{1,200})'")
 
 
 @dataclass
@@ -97,6 +103,7 @@ class LogEvidence:
     eras: Counter = field(default_factory=Counter)
     era_examples: dict[str, Era] = field(default_factory=dict)
     vllm_steps: list[VllmStep] = field(default_factory=list)
+    engine_version: str | None = None      # the vLLM release the log names (its startup or dump line)
     counts: Counter = field(default_factory=Counter)
     unparsed_examples: list[dict] = field(default_factory=list)
     unparsed_last: deque = field(default_factory=lambda: deque(maxlen=2))
@@ -230,8 +237,13 @@ class LogScanner:
                 self._finish_launch()
             ev.counts["config"] += 1
             return
+        if ev.engine_version is None and ("vLLM API server version" in line or "V1 LLM engine (v" in line):
+            m = _VLLM_VERSION.search(line)
+            if m:
+                ev.engine_version = m.group(1)
         if "max_num_batched_tokens" in line or "max_num_seqs" in line:
-            vals = {k: parse_int(v, k) for k, v in _VLLM_CONFIG.findall(line)}
+            vals = {normalize_setting(k): parse_int(v, k) for k, v in _VLLM_CONFIG.findall(line)}
+            vals.update((normalize_setting(k), v) for k, v in _VLLM_NAMES.findall(line))
             if vals:
                 ev.config.update(vals, f"{ev.name}:{no} (vLLM config)")
                 ev.counts["config"] += 1

@@ -26,6 +26,12 @@ def get_profile(name: str) -> Profile:
     return import_module(f"{__name__}.{entry['module']}").PROFILE
 
 
+def engine_family(name: str) -> str:
+    """The engine a profile models (``sglang`` or ``vllm``), from its entry's ``engine``."""
+    entry = load("engines")["profiles"].get(name, {})
+    return entry.get("engine", name.split("-", 1)[0])
+
+
 def provided_by(names) -> frozenset:
     """The per-step quantities the named profiles provide together (``rows``, ``slots``)."""
     return frozenset().union(*(get_profile(n).provides for n in names)) if names else frozenset()
@@ -57,4 +63,5 @@ def resolve_version(profile: str, version: str | None) -> dict:
     raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
 
 
-__all__ = ["BatchPlan", "DerivedCall", "Profile", "get_profile", "profile_names", "provided_by", "resolve_version"]
+__all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by",
+           "resolve_version"]

@@ -77,6 +77,9 @@ class Profile:
     #: rule inputs the derivation keeps within their limits by construction (``lengths``: the
     #: per-row cache lengths it builds are always inside their cache widths)
     guarantees: frozenset = frozenset()
+    #: the calls' shapes (``s_q``) grow with the step's rows (a vLLM mixed batch is one call with
+    #: ``s_q`` = the step's tokens): the row bound is then checked with the shape-only rules too
+    shape_grows_with_rows: bool = False
 
     def setup(self, batch: Batch, version: dict, kernel: str | None) -> Any:
         """What the profile derives from the configuration alone (built once per configuration)."""
