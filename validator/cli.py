@@ -6,6 +6,7 @@ Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field), 4 inter
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Any, Optional
 
@@ -633,7 +634,10 @@ def direct_call(argv: list[str]):
 
 def main(args: Optional[list[str]] = None) -> None:
     """The ``validate-batch`` console script: exit codes 0-3 as above; an unexpected exception exits
-    4 with one line on stderr (``VALIDATE_BATCH_DEBUG=1`` adds the traceback)."""
+    4 with one line on stderr (``VALIDATE_BATCH_DEBUG=1`` adds the traceback). A reader that closes
+    the output pipe early (``| head``) ends the process as it ends ``cat``: quietly, by SIGPIPE."""
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     try:
         call = direct_call(sys.argv[1:] if args is None else list(args))
         if call is None:
