@@ -12,12 +12,12 @@ Importable without torch. Main entry points::
 from .api import assert_legal, check, check_calls, plan
 from .errors import BatchIllegalError, InputError
 from .explain import explain
-from .guard import LEGAL, Checker, Headroom, Verdict
+from .guard import LEGAL, Checker, Headroom, Verdict, engine_settings
 from .knowledge import GPU, resolve_gpu
 from .report import Finding, Report
 
 __version__ = "0.1.0"
 
 __all__ = ["check", "check_calls", "plan", "assert_legal", "Report", "Finding", "GPU", "resolve_gpu",
-           "InputError", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain",
+           "InputError", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain", "engine_settings",
            "__version__"]

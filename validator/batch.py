@@ -26,7 +26,15 @@ from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_field
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
 from .limits import echo
-from .names import BATCH_SETTINGS, ENV_SETTINGS, FORWARD_MODES, MODE_ALIASES, env_value, normalize_setting
+from .names import (
+    BATCH_SETTINGS,
+    ENV_SETTINGS,
+    FORWARD_MODES,
+    MODE_ALIASES,
+    SETTING_FALLBACKS,
+    env_value,
+    normalize_setting,
+)
 
 
 @dataclass(frozen=True)
@@ -350,6 +358,9 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
             raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
         sa[key] = v
+    for key, old in SETTING_FALLBACKS.items():       # a release's new name, from the older spelling
+        if sa.get(key) is None and sa.get(old) is not None:
+            sa[key] = sa[old]
     env_raw = doc.get("env") or {}
     if not isinstance(env_raw, Mapping):
         raise InputError("env", f"expected an object of environment switches, got {echo(env_raw)}")

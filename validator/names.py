@@ -36,6 +36,8 @@ SETTING_ALIASES = MappingProxyType(_DATA["aliases"])
 BOOL_FLAGS_OTHER = frozenset(_DATA["bool_flags_other"]["flags"])
 #: settings, and other launch-command flags, that take no value on a command line
 BOOL_FLAG_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("bool_flag")) | BOOL_FLAGS_OTHER
+#: settings renamed in a release -> the name older releases use (read when the new one is absent)
+SETTING_FALLBACKS = MappingProxyType({k: v["fallback"] for k, v in SETTINGS.items() if v.get("fallback")})
 #: settings that are environment variables of the engine (set as text in the environment)
 ENV_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("env"))
 _ENV_VALUES = _DATA["env_values"]
