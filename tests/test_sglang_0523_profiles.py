@@ -14,13 +14,16 @@ Ground truth is arithmetic written here from the facts (shared/reference/flashml
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 import validator
+from validator.bisect import BisectOptions, diagnose
 from validator.cli import app
 from validator.errors import InputError
+from validator.ingest import build_config, read_inputs
 
 runner = CliRunner()
 H200_SMEM = 232448
@@ -270,3 +273,14 @@ def test_default_extra_slots_count_replicas_next_to_attn_dp_size():
     # 0.5.23: 2 x max(1, 512 // (dp_size 2 x attn_dp_size 8)) = 64 when that per-worker count is <= 32
     ctx = check(slots_doc(1, max_running_requests=512, attn_dp_size=8, dp_size=2)).to_dict()["slots"]
     assert ctx["max_running_requests_per_dp"] == 512 // 8 and ctx["extra_slots"] == 2 * (512 // 16)
+
+
+# ------------------------------------------------------------------------------ bisect advice
+@pytest.mark.parametrize("dp_flags", [["attn_dp_size=8"], ["dp_size=8", "enable_dp_attention=true"]])
+def test_bisect_chunk_advice_is_per_attention_dp_worker(dp_flags):
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "sglang-dsv4-prefill-12288.log"
+    ev, dump = read_inputs(str(log), None)
+    cfg = build_config(ev, dump, None, ["chunked_prefill_size=131072", "tp_size=8", *dp_flags])
+    assert cfg.attn_dp_size == 8 and cfg.chunk_per_rank() == 131072 // 8
+    flags = {(f["flag"], f["value"]) for f in diagnose(ev, cfg, dump, BisectOptions()).fixes}
+    assert ("--chunked-prefill-size", LIMIT * 8) in flags     # the flag is divided by the width: 8 x 11622
