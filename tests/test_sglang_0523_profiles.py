@@ -284,3 +284,13 @@ def test_bisect_chunk_advice_is_per_attention_dp_worker(dp_flags):
     assert cfg.attn_dp_size == 8 and cfg.chunk_per_rank() == 131072 // 8
     flags = {(f["flag"], f["value"]) for f in diagnose(ev, cfg, dump, BisectOptions()).fixes}
     assert ("--chunked-prefill-size", LIMIT * 8) in flags     # the flag is divided by the width: 8 x 11622
+
+
+def test_headroom_follows_the_switch():
+    on = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3")
+    h = on.headroom("extend", extend_lens=[100])
+    assert h.routed and h.more_rows is None and "switch" in h.note
+    assert on.headroom("decode", seq_lens=[100] * 10).more_rows == LIMIT - 10
+    off = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3", server_args={SWITCH: False})
+    h = off.headroom("extend", extend_lens=[100])
+    assert not h.routed and h.more_rows == LIMIT - 100 and h.rows_to_route == THRESHOLD + 1 - 100
