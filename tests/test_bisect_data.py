@@ -165,7 +165,8 @@ def test_pd_extra_slots_default_changes_a_diagnosis(patch_data):
 def test_batch_server_args_follow_the_settings_table(monkeypatch):
     table = rules_file("settings")["settings"]
     batch = {k for k, v in table.items() if "batch" in v["used_by"]}
-    values = {k: (True if v["type"] == "bool" else 7 if v["type"] == "int" else "x") for k, v in table.items()}
+    values = {k: (True if v["type"] == "bool" else 7 if v["type"] == "int" else (v.get("choices") or ["x"])[0])
+              for k, v in table.items()}
     values["enable_dp_attention"] = False                   # no per-rank chunk budget
     values["attn_dp_size"] = 1                              # (nor under the 0.5.23 name)
     assert set(server_args(cfg_of(**values))) == batch

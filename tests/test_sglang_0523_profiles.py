@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 import validator
 from validator.bisect import BisectOptions, diagnose
+from validator.bisect import server_args as batch_server_args
 from validator.cli import app
 from validator.errors import InputError
 from validator.ingest import build_config, read_inputs
@@ -294,3 +295,9 @@ def test_headroom_follows_the_switch():
     off = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3", server_args={SWITCH: False})
     h = off.headroom("extend", extend_lens=[100])
     assert not h.routed and h.more_rows == LIMIT - 100 and h.rows_to_route == THRESHOLD + 1 - 100
+
+
+@pytest.mark.parametrize("text,routed", [("0", False), ("false", False), ("1", True)])
+def test_bisect_reads_the_switch_as_the_engine_does(text, routed):
+    cfg = build_config(None, None, None, [f"{SWITCH}={text}"])
+    assert batch_server_args(cfg)[SWITCH] is routed
