@@ -165,8 +165,10 @@ def test_pd_extra_slots_default_changes_a_diagnosis(patch_data):
 def test_batch_server_args_follow_the_settings_table(monkeypatch):
     table = rules_file("settings")["settings"]
     batch = {k for k, v in table.items() if "batch" in v["used_by"]}
-    values = {k: (True if v["type"] == "bool" else 7 if v["type"] == "int" else "x") for k, v in table.items()}
+    values = {k: (True if v["type"] == "bool" else 7 if v["type"] == "int" else (v.get("choices") or ["x"])[0])
+              for k, v in table.items()}
     values["enable_dp_attention"] = False                   # no per-rank chunk budget
+    values["attn_dp_size"] = 1                              # (nor under the 0.5.23 name)
     assert set(server_args(cfg_of(**values))) == batch
     # nullable settings take their value's type too: a wrong type or a negative count is dropped
     nullable_int = next(k for k in sorted(batch) if table[k]["type"] == "int" and table[k]["nullable"])

@@ -49,7 +49,8 @@ def test_config_dict_keeps_the_launch_settings(monkeypatch):
 def test_settings_summary_follows_the_summary_order(monkeypatch):
     order = settings_file()["summary_order"]
     cfg = EngineConfig()
-    cfg.update({k: i for i, k in enumerate(reversed(order))} | {"page_size": 64, "enable_dp_attention": False}, "test")
+    cfg.update({k: i for i, k in enumerate(reversed(order))} | {"page_size": 64, "enable_dp_attention": False,
+                                                                "attn_dp_size": 1}, "test")
     text = cli_bisect._fmt_cfg(cfg)
     assert [p.split("=")[0] for p in text.split(", ")] == order   # and page_size, not in the order, is left out
     monkeypatch.setattr(cli_bisect, "SUMMARY_SETTINGS", ("page_size",))

@@ -16,7 +16,7 @@ from .report import Finding, Report
 # The rest loads on first use (``validator.check``, ``from validator import Checker``): importing
 # one submodule (the command line, the pytest plugin) then does not load every room of the package.
 _LAZY = {"check": "api", "check_calls": "api", "plan": "api", "assert_legal": "api", "LEGAL": "guard",
-         "Checker": "guard", "Headroom": "guard", "Verdict": "guard", "GPU": "knowledge", "resolve_gpu": "knowledge"}
+         "Checker": "guard", "Headroom": "guard", "Verdict": "guard", "engine_settings": "guard", "GPU": "knowledge", "resolve_gpu": "knowledge"}
 
 
 def __getattr__(name: str):
@@ -41,5 +41,5 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = ["check", "check_calls", "plan", "assert_legal", "Report", "Finding", "GPU", "resolve_gpu",
-           "InputError", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain",
+           "InputError", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain", "engine_settings",
            "__version__"]

@@ -13,6 +13,13 @@ SGLang ``ScheduleBatch`` (what ``Scheduler.get_next_batch_to_run`` returns, befo
   requests' own ``req_pool_idx`` is preferred for the same reason).
 * With speculative decoding (``spec_algorithm`` not NONE) a DECODE batch runs the target model as
   a verify forward of ``batch size x speculative_num_draft_tokens`` rows: it is checked as one.
+* SGLang 0.5.23: ``Req.kv.req_pool_idx`` and ``Req.extend_len`` (older: ``Req.req_pool_idx``,
+  ``Req.extend_input_len``); ``req_pool_indices_cpu`` before the device tensor; ``beam_tail``
+  (beam-search member rows appended to a decode batch after the requests' own rows: their slots and
+  sequence lengths are in the batch's columns, one row each); ``extend_num_tokens`` (the extend
+  forward's rows, checked against the extend lengths); ``global_num_tokens`` (per attention-DP rank
+  token counts: a rank's forward is padded to the largest of them under the engine's MAX_LEN DP
+  padding, so it is taken as the step's padding rows).
 
 vLLM ``SchedulerOutput`` (what ``Scheduler.schedule()`` returns):
 
@@ -151,8 +158,8 @@ def _slot(r: Any) -> Any:
     return v
 
 
-def _slots(batch: Any) -> list:
-    slots = [_slot(r) for r in batch.reqs]
+def _slots(batch: Any, members: int = 0) -> list:
+    slots = [_slot(r) for r in batch.reqs] if not members else [None]
     if None in slots:
         # the host copy first (no device sync), then the device tensor
         v = getattr(batch, "req_pool_indices_cpu", None)
@@ -164,6 +171,46 @@ def _slots(batch: Any) -> list:
     return slots
 
 
+def _beam_rows(batch: Any, mode: str) -> tuple[int, list]:
+    """Beam-search member rows riding a decode batch (SGLang 0.5.23 ``ScheduleBatch.beam_tail``):
+    ``(count, row ids)``; the batch's row columns (``seq_lens_cpu``, ``req_pool_indices_cpu``) hold
+    them after the requests' own rows."""
+    tail = getattr(batch, "beam_tail", None)
+    if tail is None or mode not in ("decode", "target_verify"):
+        return 0, []
+    base = tail.num_base_rows
+    if base != len(batch.reqs):
+        raise InputError("beam_tail.num_base_rows", f"expected {len(batch.reqs)} (the batch's requests), got {base!r}")
+    ids: list = []
+    for e in tail.entries:
+        m = e.end - e.start
+        if m < 0:
+            raise InputError("beam_tail.entries", f"a member range ends before it starts ({e.start}..{e.end})")
+        rid = batch.reqs[e.leader_idx].rid
+        ids.extend(f"{rid}/member{j}" for j in range(m))
+    return len(ids), ids
+
+
+def _padded_rows(batch: Any) -> int | None:
+    """Rows the forward is padded to under attention DP: the largest rank's tokens
+    (``global_num_tokens``); None without it."""
+    g = getattr(batch, "global_num_tokens", None)
+    if g is None:
+        return None
+    g = _as_list(g, "global_num_tokens")
+    if not len(g):
+        return None
+    return int(max(g))
+
+
+def _check_extend_num_tokens(batch: Any, rows: int) -> None:
+    """``extend_num_tokens`` (SGLang: the extend forward's tokens, merged decodes included) must
+    agree with the extend lengths the step is judged by."""
+    v = getattr(batch, "extend_num_tokens", None)
+    if v is not None and int(v) != rows:
+        raise InputError("extend_num_tokens", f"expected the sum of extend_lens ({rows}), got {v!r}")
+
+
 def sglang_lists(batch: Any, checker) -> dict | None:
     """The step as ``Checker`` keyword arguments (``forward_mode`` plus per-request lists); None if idle."""
     mode = sglang_forward_mode(batch, checker.draft_tokens)
@@ -171,7 +218,8 @@ def sglang_lists(batch: Any, checker) -> dict | None:
     n = len(reqs)
     if mode is None or n == 0:
         return None
-    out: dict = {"forward_mode": mode, "rids": [str(r.rid) for r in reqs]}
+    members, member_ids = _beam_rows(batch, mode)
+    out: dict = {"forward_mode": mode, "rids": [str(r.rid) for r in reqs] + member_ids}
     if mode in ("extend", "mixed") or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
         out["extend_lens"] = _extend_lens(batch, n)
         pre = getattr(batch, "prefix_lens", None)
@@ -180,10 +228,15 @@ def sglang_lists(batch: Any, checker) -> dict | None:
         else:
             out["seq_lens"] = _seq_lens(batch)
         out["num_merged_decodes"] = _merged_decodes(batch, mode, n)
+        if mode in ("extend", "mixed"):
+            _check_extend_num_tokens(batch, int(sum(out["extend_lens"])))
     else:
         out["seq_lens"] = _seq_lens(batch)
     if checker.has_slots:
-        out["req_pool_indices"] = _slots(batch)
+        out["req_pool_indices"] = _slots(batch, members)
+    pad = _padded_rows(batch)
+    if pad is not None:
+        out["padded_rows"] = pad
     return out
 
 
@@ -205,10 +258,14 @@ def _sglang_fast(batch: Any, checker) -> tuple | None:
             ext = column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
         if mode == "mixed":
             k = _merged_decodes(batch, mode, n)
-    rows = checker.step_rows(mode, n, ext, k, None)
+        if mode != "draft_extend":
+            _check_extend_num_tokens(batch, int(sum(ext)))
+    members = _beam_rows(batch, mode)[0] if getattr(batch, "beam_tail", None) is not None else 0
+    pad = _padded_rows(batch) if getattr(batch, "global_num_tokens", None) is not None else None
+    rows = checker.step_rows(mode, n + members, ext, k, pad)
     max_slot = None
     if checker.has_slots:
-        slots = column(_slots(batch), "req_pool_indices", 0, MAX_POSITION, n)
+        slots = column(_slots(batch, members), "req_pool_indices", 0, MAX_POSITION, n + members)
         max_slot = checker.max_slot_of(slots)
     return mode, rows, max_slot
 

@@ -28,7 +28,15 @@ from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_array_within, in
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
 from .limits import echo
-from .names import BATCH_SETTINGS, FORWARD_MODES, MODE_ALIASES, check_server_arg
+from .names import (
+    BATCH_SETTINGS,
+    ENV_SETTINGS,
+    FORWARD_MODES,
+    MODE_ALIASES,
+    SETTING_FALLBACKS,
+    check_server_arg,
+    env_value,
+)
 
 
 @dataclass(frozen=True)
@@ -210,6 +218,14 @@ class Batch:
         v = self.server_args.get(name)
         return default if v is None else v
 
+    def attn_dp_size(self) -> int:
+        """The attention data-parallel width: ``attn_dp_size`` (SGLang 0.5.23), or, as older releases
+        spell it, ``dp_size`` under ``enable_dp_attention``; 1 without attention DP."""
+        width = int(self.arg("attn_dp_size", 1) or 1)
+        if width > 1:
+            return width
+        return int(self.arg("dp_size", 1) or 1) if self.arg("enable_dp_attention", False) else 1
+
     @property
     def mixed(self) -> bool:
         """Running decodes are merged into this extend forward (``--enable-mixed-chunk``)."""
@@ -267,7 +283,7 @@ def _req_doc(r: Request) -> dict:
 # ----------------------------------------------------------------------------------- parsing
 MODEL_KEYS: dict[str, tuple[type, int]] = {
     "h_q": (int, 1), "num_attention_heads": (int, 1), "context_length": (int, 1), "index_kpool": (int, 0),
-    "tail_extra_slots": (int, 0), "dsa_tails": (bool, 0),
+    "tail_extra_slots": (int, 0), "dsa_tails": (bool, 0), "model_type": (str, 0),
 }
 BUFFER_KEYS = {"name", "rows", "rows_from", "plus", "scope", "indexed_by"}
 #: a replayed CUDA graph: the query rows it was captured with, and the rows its FlashMLA metadata
@@ -387,7 +403,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     """Validate a batch document. Raises :class:`InputError` naming the bad field."""
     if not isinstance(doc, Mapping):
         raise InputError("batch", f"expected an object, got {type(doc).__name__}")
-    allowed = {"engine", "profile", "gpu", "server_args", "forward_mode", "requests", "running",
+    allowed = {"engine", "profile", "gpu", "server_args", "env", "forward_mode", "requests", "running",
                "padded_rows", "model", "buffers", "label", "name", "expected", "kernel_build", "cuda_graph"}
     for k in doc:
         if k not in allowed:
@@ -405,6 +421,8 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             raise InputError("server_args", f"expected setting names as keys, got {echo(k)}")
         key = check_server_arg(k, f"server_args.{k}")
         typ = BATCH_SETTINGS.get(key)
+        if key in ENV_SETTINGS and isinstance(v, (str, int)) and not isinstance(v, bool):
+            v = env_value(key, v, f"server_args.{key}")     # as set in the environment: "0", "1", "v41"
         if typ is not None:
             types = typ if isinstance(typ, tuple) else (typ,)
             ok = isinstance(v, types) and not (bool not in types and isinstance(v, bool))
@@ -416,6 +434,16 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
             raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
         sa[key] = v
+    for key, old in SETTING_FALLBACKS.items():       # a release's new name, from the older spelling
+        if sa.get(key) is None and sa.get(old) is not None:
+            sa[key] = sa[old]
+    env_raw = doc.get("env") or {}
+    if not isinstance(env_raw, Mapping):
+        raise InputError("env", f"expected an object of environment switches, got {echo(env_raw)}")
+    for k, v in env_raw.items():
+        if k not in ENV_SETTINGS:
+            raise InputError(f"env.{k}", f"unknown environment switch (known: {', '.join(sorted(ENV_SETTINGS))})")
+        sa[k] = env_value(k, v, f"env.{k}")
     mode = doc.get("forward_mode")
     if mode is None:
         raise InputError("forward_mode", f"missing (one of {', '.join(FORWARD_MODES)})")
@@ -461,6 +489,9 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         if typ is bool:
             if not isinstance(v, bool):
                 raise InputError(f"model.{k}", f"expected true or false, got {echo(v)}")
+        elif typ is str:
+            if not isinstance(v, str) or not v.strip():
+                raise InputError(f"model.{k}", f"expected a name such as deepseek_v41, got {echo(v)}")
         else:
             int_field(model, k, "model", lo, MAX_TOKENS * 64)
     buffers = doc.get("buffers") or []

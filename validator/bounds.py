@@ -61,6 +61,7 @@ class StepBounds:
     static_findings: tuple            # errors of the configuration itself
     undecided: tuple                  # rules no bound covers: the guard runs the full check for them
     slow_above: int | None = None     # above this many rows the build's scheduler falls back (legal, slow)
+    routed_full: bool = False         # routed forwards are not decided by their rows (late-layer tails)
 
     @property
     def complete(self) -> bool:
@@ -89,7 +90,7 @@ class StepBounds:
             return False
         thr = self.threshold
         if thr is not None and rows > thr and mode in ROUTABLE_MODES:
-            return self.routed_ok
+            return None if self.routed_full else self.routed_ok
         if rows > self.max_rows or not self.decode_ok:
             return False
         if rows > self.sched_free_rows:
@@ -100,6 +101,8 @@ class StepBounds:
         """The row predicate of a step of this mode, when rows alone decide it (no slots, every rule
         covered); None otherwise (the split then checks each candidate step in full)."""
         if not self.complete or not self.has_rows or self.has_slots or not self.decode_ok:
+            return None
+        if self.routed_full and mode in ROUTABLE_MODES and self.threshold is not None:
             return None
         thr = self.threshold if (mode in ROUTABLE_MODES and self.routed_ok) else None
         return RowRule(self.max_rows, thr, merged)
@@ -175,4 +178,4 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_slot = _edge(slot_legal, hints["max_slot"], 0, 1 << 31)
     return StepBounds(gen, has_rows, has_slots, max_rows, threshold, max(sched_free, 0), max_slot, decode_ok,
-                      routed_ok, static, undecided, slow_above)
+                      routed_ok, static, undecided, slow_above, has_rows and not hints.get("routed_by_rows", True))

@@ -215,6 +215,7 @@ def check(
     seq_len: int = typer.Option(1024, "--seq-len", help="Quick batch: sequence length of decode requests."),
     slots: Optional[str] = typer.Option(None, "--slots", help="Quick batch: req_pool_idx per request, comma-separated."),
     server_arg: list[str] = typer.Option([], "--server-arg", help="Quick batch: engine flag KEY=VALUE (repeatable), e.g. enable_mixed_chunk=true."),
+    env: list[str] = typer.Option([], "--env", help="Quick batch: engine environment switch NAME=VALUE as set in the environment (repeatable), e.g. SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=0."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when the batch is illegal (bad input still exits 2)."),
     reproduce: bool = typer.Option(False, "--reproduce", help="For slot findings, build the real buffers with PyTorch on the CPU and do the engine's index (needs torch)."),
     output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP),
@@ -239,6 +240,7 @@ def check(
     * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 4096,4096,4096 --decode 1 --server-arg enable_mixed_chunk=true`
 
     * `validate-batch check --engine vllm-dsv4 --mode target_verify --decode 2906 --server-arg speculative_num_draft_tokens=4 --server-arg num_speculative_tokens=3`
+    * `validate-batch check --engine sglang-dsv4@0.5.23 --extend 11640 --env SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=0 --kernel-gen flashmla-9241ae3`
 
     * `validate-batch check --example pd-decode-slot-96 --reproduce`
 
@@ -265,7 +267,7 @@ def check(
     try:
         kernel = kernel_option(kernel, output)
         if engine is not None:
-            doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu)
+            doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu, env)
 
             def run(k):
                 return check_batch_document(doc, gpu=gpu, kernel=k)

@@ -52,7 +52,7 @@ from .flashmla.schedule import WalkMemo
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .limits import echo
-from .names import BATCH_SETTINGS, check_server_arg, normalize_setting, parse_mode
+from .names import BATCH_SETTINGS, SETTINGS, check_server_arg, normalize_setting, parse_mode
 from .pipeline import check_batch, check_engine_batch
 from .profiles import engine_family
 from .report import Report
@@ -117,29 +117,36 @@ class Verdict:
 LEGAL = Verdict(True)
 
 
+def engine_settings(server_args: Any) -> dict:
+    """The engine flags the profiles read, from a mapping or an engine's settings object (an
+    SGLang ``ServerArgs`` of any release): a plain dict, to merge other settings into."""
+    return _server_args(server_args)
+
+
 def _server_args(server_args: Any) -> dict:
     """The engine flags the profiles read, from a mapping or an engine's settings object.
 
     Keys are normalized (``--chunked-prefill-size`` -> ``chunked_prefill_size``); ``None`` means
     unset (as in SGLang's ``ServerArgs``) and flags no profile reads are dropped, so
-    ``vars(server_args)`` can be passed as it is.
+    ``vars(server_args)`` can be passed as it is. SGLang 0.5.23's ``ServerArgs`` is a msgspec
+    Struct (``vars()`` is empty): a resolved one's values in effect (``resolved_dict()``) are read,
+    an unresolved one's struct fields. An object from which no known engine flag can be read is an error, not an empty
+    configuration.
     """
     if server_args is None:
         return {}
     if isinstance(server_args, Mapping):
-        items = server_args.items()
+        items = list(server_args.items())
         for k in server_args:
             if not isinstance(k, str):
                 raise InputError("server_args", f"expected setting names as keys, got {echo(k)}")
             check_server_arg(k, f"server_args.{k}")
     else:
-        struct_fields = getattr(type(server_args), "__struct_fields__", None)   # a msgspec Struct (SGLang 0.5.23)
-        fields = getattr(server_args, "__dict__", None)
-        if struct_fields is None and fields is None:
-            raise InputError("server_args", f"expected a mapping of engine flags, got {type(server_args).__name__}")
-        items = list((fields or {}).items())
-        if struct_fields is not None:
-            items += [(f, getattr(server_args, f, None)) for f in struct_fields]
+        items = _object_settings(server_args)
+        if not any(normalize_setting(str(k)) in SETTINGS for k, _ in items):
+            raise InputError("server_args", f"no engine flag could be read from a {type(server_args).__name__} "
+                                            "(expected a mapping, an SGLang ServerArgs or an object with engine flags "
+                                            "as attributes)")
     out = {}
     for k, v in items:
         key = normalize_setting(str(k))
@@ -147,6 +154,30 @@ def _server_args(server_args: Any) -> dict:
             out[key] = v
     return out
 
+
+def _object_settings(obj: Any) -> list:
+    """``(name, value)`` pairs of a settings object: a ``resolved_dict()`` (SGLang 0.5.23's resolved
+    values), the fields of a msgspec Struct (``__struct_fields__``), and ``vars()``."""
+    resolved = getattr(obj, "resolved_dict", None)
+    # only a resolved record's resolved_dict() holds the values in effect: before resolution it
+    # reports the deprecated enable_dp_attention from an attention-DP width not yet derived
+    if callable(resolved) and (getattr(obj, "__dict__", None) or {}).get("_resolution_finished"):
+        try:
+            d = resolved()
+        except Exception as e:   # a record that cannot resolve: read its fields instead
+            d = None
+            note = f"{type(e).__name__}"
+        else:
+            note = ""
+        if isinstance(d, Mapping):
+            return list(d.items())
+        if note and getattr(type(obj), "__struct_fields__", None) is None:
+            raise InputError("server_args", f"resolved_dict() of the {type(obj).__name__} failed ({note})")
+    items = list((getattr(obj, "__dict__", None) or {}).items())
+    struct_fields = getattr(type(obj), "__struct_fields__", None)   # a msgspec Struct
+    if struct_fields is not None:
+        items += [(f, getattr(obj, f, None)) for f in struct_fields]
+    return items
 
 
 # ----------------------------------------------------------------------------------- the checker
@@ -560,4 +591,4 @@ def _idle_report() -> Report:
     return r
 
 
-__all__ = ["Checker", "Verdict", "Headroom", "LEGAL"]
+__all__ = ["Checker", "Verdict", "Headroom", "LEGAL", "engine_settings"]

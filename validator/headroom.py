@@ -106,13 +106,13 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
     notes = []
     if mode in ROUTABLE_MODES and running and not merged:
         notes.append(f"{running} running decode(s) run in their own forward (mixed chunking is off)")
-    if not b.complete:
+    if not b.complete or (b.routed_full and mode in ROUTABLE_MODES):   # late-layer tails: rows do not decide
         return _by_full_checks(checker, mode, rows, per, n, extend_lens, seq_lens, prefix_lens, req_pool_indices,
                                padded_rows, merged, notes)
     if not b.has_rows:
         return Headroom(mode, rows, None, None, False, b.decode_ok, None, None, None, None, per,
                         b.decode_ok, "no row limit in this engine profile; slots are checked per request")
-    if b.slow_above is not None and not b.threshold:
+    if b.slow_above is not None and b.threshold is None:
         notes.append(f"above {b.slow_above} rows {checker.kernel_build}'s scheduler falls back to its low-shared-memory "
                      f"kernel: legal, about 7-8x slower per call")
     L = min(b.max_rows, b.sched_free_rows)
@@ -121,7 +121,8 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
     decode_ok = b.decode_ok
     if thr is not None and rows > thr:
         notes.append(f"{rows} rows > routing threshold {thr}: the step goes to flash_mla_sparse_fwd, which has "
-                     f"no row limit")
+                     f"no row limit" if thr else "every extend step goes to flash_mla_sparse_fwd (the engine's "
+                     "sparse-prefill switch is on), which has no row limit")
         return Headroom(mode, rows, b.max_rows, thr, True, routed_ok, None if routed_ok else 0,
                         None if routed_ok else 0, None, None, per, routed_ok, "; ".join(notes))
     if not decode_ok:
@@ -154,8 +155,12 @@ def _by_full_checks(checker, mode, rows, per, n, ext, seq, pre, slots, pad, merg
     rows added (one more extend request of that many new tokens, or more decode requests), checked
     in full."""
     b = checker.bounds
-    codes = ", ".join(b.undecided) or "a rule registered after this checker"
-    notes = notes + [f"from full checks: {codes} read(s) more than the bounds cover"]
+    if b.routed_full and b.complete:
+        notes = notes + ["from full checks: a routed step's late-layer tail (its decode-kernel rows) depends on how "
+                         "its tokens are spread over requests"]
+    else:
+        codes = ", ".join(b.undecided) or "a rule registered after this checker"
+        notes = notes + [f"from full checks: {codes} read(s) more than the bounds cover"]
     ext = list(ext) if ext is not None else None
     seq = list(seq) if seq is not None else None
 

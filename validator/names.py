@@ -37,6 +37,33 @@ SETTING_ALIASES = MappingProxyType(_DATA["aliases"])
 BOOL_FLAGS_OTHER = frozenset(_DATA["bool_flags_other"]["flags"])
 #: settings, and other launch-command flags, that take no value on a command line
 BOOL_FLAG_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("bool_flag")) | BOOL_FLAGS_OTHER
+#: settings renamed in a release -> the name older releases use (read when the new one is absent)
+SETTING_FALLBACKS = MappingProxyType({k: v["fallback"] for k, v in SETTINGS.items() if v.get("fallback")})
+#: settings that are environment variables of the engine (set as text in the environment)
+ENV_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("env"))
+_ENV_VALUES = _DATA["env_values"]
+
+
+def env_value(name: str, value: Any, where: str) -> Any:
+    """An environment switch's value as the engine reads it: booleans from the engine's spellings
+    (``"0"``, ``"false"``, ``"1"``, ...), text for text switches; values already typed pass."""
+    spec = SETTINGS[name]
+    if spec["type"] == "bool" and isinstance(value, str):
+        low = value.strip().lower()
+        if low in _ENV_VALUES["bool_true"]:
+            return True
+        if low in _ENV_VALUES["bool_false"]:
+            return False
+        spellings = _ENV_VALUES["bool_true"] + _ENV_VALUES["bool_false"]
+        raise InputError(where, f"expected one of {', '.join(spellings)} (as the engine reads it), got {echo(value)}")
+    if spec["type"] == "bool" and type(value) is int and value in (0, 1):
+        return bool(value)
+    if spec["type"] == "str" and isinstance(value, str):
+        choices = spec.get("choices")
+        if choices and value.strip().lower() not in choices:
+            raise InputError(where, f"expected one of {', '.join(choices)}, got {echo(value)}")
+        return value.strip().lower() if choices else value
+    return value
 
 _MODES = _DATA["forward_modes"]
 #: the validator's forward modes

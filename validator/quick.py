@@ -59,8 +59,15 @@ def _value(v: str) -> Any:
 
 
 def batch_doc_from_flags(engine: str, mode: str, extend: str | None, prefix: str | None, decodes: int,
-                         seq_len: int, slots: str | None, server_args: list[str], gpu: str | None) -> dict:
+                         seq_len: int, slots: str | None, server_args: list[str], gpu: str | None,
+                         env: list[str] | None = None) -> dict:
     sa: dict[str, Any] = {}
+    switches: dict[str, str] = {}
+    for item in env or ():
+        k, eq, v = item.partition("=")
+        if not eq or not k.strip():
+            raise InputError("--env", f"expected NAME=VALUE, got {echo(item)}")
+        switches[k.strip()] = v.strip()      # text, as in the environment; read as the engine reads it
     for item in server_args:
         k, eq, v = item.partition("=")
         if not eq or not k.strip():
@@ -91,6 +98,8 @@ def batch_doc_from_flags(engine: str, mode: str, extend: str | None, prefix: str
     if not reqs:
         raise InputError("--extend", "give --extend (prefill tokens per request) or --decode N with --mode decode")
     doc: dict = {"engine": engine, "forward_mode": mode, "server_args": sa, "requests": reqs}
+    if switches:
+        doc["env"] = switches
     if running:
         doc["running"] = running
     if gpu:

@@ -3,7 +3,7 @@ decode steps with a given number of rows, requests or a given slot."""
 from __future__ import annotations
 
 from ..ingest.launch import EngineConfig
-from ..names import BATCH_SETTINGS
+from ..names import BATCH_SETTINGS, ENV_SETTINGS, env_value
 
 MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
 
@@ -22,6 +22,8 @@ def server_args(cfg: EngineConfig, **override) -> dict:
         v = override.get(k, cfg.values.get(k))
         if v is None:
             continue
+        if k in ENV_SETTINGS:          # an environment switch as set: "0", 1, "false", ...
+            v = env_value(k, v, k)
         if base is int and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             continue
         if base is bool and not isinstance(v, bool):

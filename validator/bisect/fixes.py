@@ -25,7 +25,7 @@ def propose_fixes(c: Candidate, cfg: EngineConfig, checker: BisectChecker, profi
         return fixes
     L = b.largest_legal
     ver = c.version
-    dp = cfg.dp_size if cfg.dp_attention else 1
+    dp = cfg.attn_dp_size
 
     def verify(doc: dict) -> bool:
         try:
@@ -47,7 +47,7 @@ def propose_fixes(c: Candidate, cfg: EngineConfig, checker: BisectChecker, profi
                 fix = {"flag": "--chunked-prefill-size", "value": flag_val,
                        "why": f"{why}: every extend forward then has <= {val} new tokens per rank"
                               + (f" (+ {R} merged decodes)" if mixed else "")
-                              + (f"; the flag is divided by dp_size={dp} under DP attention" if dp > 1 else ""),
+                              + (f"; the flag is divided by the attention-DP width {dp}" if dp > 1 else ""),
                        "verified": verify(worst)}
                 if not any(f["flag"] == fix["flag"] and f["value"] == flag_val for f in fixes):
                     fixes.append(fix)

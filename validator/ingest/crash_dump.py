@@ -16,7 +16,10 @@ Loading a pickle runs whatever callables it names, so an untrusted dump is read 
 ``trust=True`` (``--trust-pickle``) uses the standard loader, for files the user produced.
 
 What the dump holds (SGLang's tokenizer manager writes it on a crash): ``server_args`` is the
-``ServerArgs`` dataclass (or None when it failed to pickle), ``requests`` a list of tuples
+``ServerArgs`` dataclass (or None when it failed to pickle; from 0.5.23 a msgspec Struct pickled
+through ``__reduce__`` as a rebuild function's ``(class, fields, bookkeeping)``, next to a
+``resolved_config`` dict of the resolved values, srt/managers/tokenizer_manager.py:3363-3368 and
+srt/server_args.py:498-505), ``requests`` a list of tuples
 ``(GenerateReqInput, output dict, created time, finished time)`` for requests finished in the last
 5 minutes and those still unfinished, ``launch_command`` the server's ``sys.argv`` joined by spaces.
 """
@@ -118,9 +121,15 @@ class StandIn:
         return self.__dict__.get("_args", ())
 
     def fields(self) -> dict:
-        """The object's attributes as recorded (dataclass ``__dict__`` state, slots, or set items)."""
+        """The object's attributes as recorded (dataclass ``__dict__`` state, slots, or set items; for
+        an object pickled through a rebuild function called as ``f(cls, fields, extra)``, such as
+        SGLang 0.5.23's ``ServerArgs.__reduce__``, the ``fields`` mapping)."""
         st = self.state
         out: dict = {}
+        args = self.args
+        if (len(args) >= 2 and isinstance(args[0], type) and issubclass(args[0], StandIn)
+                and isinstance(args[1], dict) and all(isinstance(k, str) for k in args[1])):
+            out.update(args[1])
         if isinstance(st, dict):
             out.update(st)
         elif isinstance(st, tuple) and len(st) == 2:
@@ -328,6 +337,9 @@ def attrs(obj: Any) -> dict:
         return obj.fields()
     if isinstance(obj, dict):
         return obj
+    struct_fields = getattr(type(obj), "__struct_fields__", None)   # a msgspec Struct (trusted loading)
+    if struct_fields is not None:
+        return {f: getattr(obj, f, None) for f in struct_fields}
     d = getattr(obj, "__dict__", None)
     return dict(d) if isinstance(d, dict) else {}
 
@@ -442,8 +454,15 @@ def read_crash_dump(path: str, trust: bool = False) -> CrashDump:
     notes: list[str] = []
     sa_obj = top.get("server_args")
     server_args = {k: plain_value(v) for k, v in attrs(sa_obj).items()} if sa_obj is not None else {}
+    resolved = top.get("resolved_config")
+    if isinstance(resolved, dict):
+        # SGLang 0.5.23: the configuration in effect (resolved values), over the raw fields
+        server_args.update({str(k): plain_value(v) for k, v in resolved.items() if isinstance(k, str)})
+        notes.append("settings from resolved_config (the resolved values), over server_args")
     if sa_obj is None:
         notes.append("server_args is None in the dump (SGLang stores None when they fail to pickle)")
+    if sa_obj is not None and not server_args:
+        notes.append(f"server_args ({type(sa_obj).__name__}) holds no readable fields")
     reqs_raw = top.get("requests") or []
     if not isinstance(reqs_raw, list):
         raise InputError("crash dump.requests", f"expected a list, got {type(reqs_raw).__name__}")

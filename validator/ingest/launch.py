@@ -2,7 +2,8 @@
 
 Every value remembers where it came from (:class:`EngineConfig.sources`), because the same flag can
 mean different things: with ``--enable-dp-attention`` SGLang divides ``--chunked-prefill-size`` by
-``dp_size`` while resolving its arguments, so the value in a ``ServerArgs(...)`` line is per DP rank
+the attention-DP width (``dp_size``; ``attn_dp_size`` from SGLang 0.5.23) while resolving its arguments, so
+the value in a ``ServerArgs(...)`` line is per DP rank
 while the value on the command line is global.
 
 Precedence, lowest first: defaults < launch command in the log < ``ServerArgs`` line in the log
@@ -193,8 +194,17 @@ class EngineConfig:
         return v if isinstance(v, int) and v >= 1 else 1
 
     @property
+    def attn_dp_size(self) -> int:
+        """The attention data-parallel width: ``attn_dp_size`` (SGLang 0.5.23), or ``dp_size`` under
+        ``enable_dp_attention`` (older releases); 1 without attention DP."""
+        v = self.get("attn_dp_size", 1)
+        if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+            return v
+        return self.dp_size if bool(self.get("enable_dp_attention", False)) else 1
+
+    @property
     def dp_attention(self) -> bool:
-        return bool(self.get("enable_dp_attention", False)) and self.dp_size > 1
+        return self.attn_dp_size > 1
 
     def chunk_per_rank(self) -> int | None:
         """The chunked-prefill budget of one DP-attention rank (None when chunking is off)."""
@@ -202,7 +212,7 @@ class EngineConfig:
         if not isinstance(c, int) or isinstance(c, bool) or c <= 0:
             return None
         if self.dp_attention and not self.per_rank_chunk:
-            return c // self.dp_size
+            return c // self.attn_dp_size
         return c
 
     def max_prefill_tokens(self) -> int | None:
@@ -213,7 +223,7 @@ class EngineConfig:
         r = self.get("max_running_requests")
         if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
             return None
-        return r // self.dp_size if self.dp_attention else r
+        return r // self.attn_dp_size if self.dp_attention else r
 
     def to_dict(self) -> dict:
         keys = [k for k in LAUNCH_SETTINGS if k in self.values]

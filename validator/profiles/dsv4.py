@@ -12,6 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..batch import Batch, request_arrays, request_contexts
+from ..errors import InputError
 from ..fields import min_max, positive_int
 from ..flashmla.calls import DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan, plan
@@ -74,8 +75,7 @@ def heads_per_rank(batch: Batch, defaults: dict) -> int:
     if "num_attention_heads" in m:
         n = positive_int(m["num_attention_heads"], "model.num_attention_heads")
         tp = int(batch.arg("tp_size", 1) or 1)
-        dp = int(batch.arg("dp_size", 1) or 1) if batch.arg("enable_dp_attention", False) else 1
-        attn_tp = max(tp // dp, 1)
+        attn_tp = max(tp // batch.attn_dp_size(), 1)
         per = -(-n // attn_tp)
         return -(-per // 64) * 64
     return defaults["h_q"]
@@ -84,7 +84,7 @@ def heads_per_rank(batch: Batch, defaults: dict) -> int:
 # ----------------------------------------------------------------------------------- call shapes
 @lru_cache(maxsize=1024)
 def _shape_plan(gpu, kernel: str | None, h_q: int, d_qk: int, topk: int, extra_topk: int | None, page: int,
-                extra_page: int | None, label: str) -> Plan:
+                extra_page: int | None, label: str, use_legacy: bool | None = None) -> Plan:
     """The plan of a DeepSeek-V4 call shape, computed once per configuration.
 
     ``plan`` picks the implementation and ``num_sm_parts`` from the call's shape (path, heads,
@@ -92,7 +92,7 @@ def _shape_plan(gpu, kernel: str | None, h_q: int, d_qk: int, topk: int, extra_t
     reuse these and only their rows change (see :func:`step_plan`).
     """
     return plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, extra_topk=extra_topk,
-                           page=page, extra_page=extra_page, label=label), gpu, kernel)
+                           page=page, extra_page=extra_page, label=label, use_legacy=use_legacy), gpu, kernel)
 
 
 @lru_cache(maxsize=1024)
@@ -133,15 +133,24 @@ class Dsv4Setup:
     draft_tokens: int
     version: str
     kernel: str | None          # the FlashMLA build the calls run on
+    # SGLang 0.5.23 on: the sparse-prefill switch (None: the version has none), the tokens of a
+    # late-layer tail per request (None: no tails), the KV layout and the decode kernel's half, and
+    # the engine's schedule precompute of each decode-kernel call (None: it does not run)
+    switch: bool | None = None
+    tail_tokens: int | None = None
+    kv_layout: str | None = None
+    use_legacy: bool | None = None
+    precompute: tuple | None = None    # (data, num_sm_parts) when the engine computes the schedule
 
 
 @lru_cache(maxsize=256)
 def _setup(gpu, kernel: str | None, h_q: int, context_length: int, threshold: int | None, draft: int,
-           version: str) -> Dsv4Setup:
+           version: str, switch: bool | None = None, tail_tokens: int | None = None, kv_layout: str | None = None,
+           use_legacy: bool | None = None, precompute: bool = False) -> Dsv4Setup:
     prof = _data()
     dflt = prof["defaults"]
     d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
-    probe = _shape_plan(gpu, kernel, h_q, d_qk, topk, None, dflt["page"], None, "")
+    probe = _shape_plan(gpu, kernel, h_q, d_qk, topk, None, dflt["page"], None, "", use_legacy)
     c128_width = -(-(-(-context_length // 128)) // 64) * 64
     calls, prefill = [], []
     for spec in prof["calls"]:
@@ -151,21 +160,103 @@ def _setup(gpu, kernel: str | None, h_q: int, context_length: int, threshold: in
             extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
         elif r == 128:
             extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
-        shape = _shape_plan(gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"])
+        shape = _shape_plan(gpu, kernel, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"], use_legacy)
         calls.append((spec["name"], r, extra_topk, shape, _shape_quiet(shape, True, extra_topk is not None),
                       _shape_quiet(shape, False, False)))
         prefill.append((spec["name"], topk + (extra_topk or 0)))
-    return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version, kernel)
+    pre = None
+    if precompute:
+        data = _version_data(version)["sched_precompute"]
+        pre = (data, max(gpu.num_sms // 1, 1))      # num_sm_parts = SMs // s_q, and s_q is 1
+    return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version, kernel,
+                     switch, tail_tokens, kv_layout, use_legacy, pre)
 
 
-def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool) -> str:
+def _version_data(name: str) -> dict:
+    return next(v for v in _data()["versions"] if v["name"] == name)
+
+
+def sparse_prefill_switch(batch: Batch, version: dict) -> bool | None:
+    """The state of the version's switch that sends every non-speculative extend forward to
+    ``flash_mla_sparse_fwd`` (its default unless set); None when the version has no such switch."""
+    sw = version.get("sparse_prefill_switch")
+    if sw is None:
+        return None
+    v = batch.arg(sw["setting"])
+    return bool(sw["default"]) if v is None else bool(v)
+
+
+def late_layer_tail_tokens(batch: Batch, version: dict) -> int | None:
+    """Tokens per request that the late layers run over (decoder SWA bounded replay), None when the
+    forward has no late-layer tail: the setting, or its default for the models it is on for."""
+    tails = version.get("late_layer_tails")
+    if tails is None:
+        return None
+    v = batch.arg(tails["setting"])
+    on = batch.model.get("model_type") in tails["default_on_models"] if v is None else bool(v)
+    return int(tails["tail_tokens"]) if on else None
+
+
+def kv_layout(batch: Batch, version: dict) -> tuple[str | None, bool | None]:
+    """The KV layout a forward runs with and the decode kernel's ``use_legacy`` it implies
+    (``(None, None)``: the version has no layout setting; the build's default half runs)."""
+    kl = version.get("kv_layouts")
+    if kl is None:
+        return None, None
+    name = str(batch.arg(kl["setting"]) or kl["default"]).lower()
+    spec = kl["layouts"].get(name)
+    if spec is None:
+        raise InputError(f"server_args.{kl['setting']}", f"expected one of {', '.join(kl['layouts'])}, got {name!r}")
+    same = spec.get("same_as")
+    if same is not None:
+        name = same.get(str(batch.gpu.cc[0]), same["other"])
+        spec = kl["layouts"][name]
+    return name, bool(spec["use_legacy"])
+
+
+def _precompute_runs(batch: Batch, version: dict, h_q: int) -> bool:
+    """SGLang computes the decode kernel's schedule itself (a JIT kernel) for this configuration."""
+    pre = version.get("sched_precompute")
+    return (pre is not None and batch.model.get("model_type") in pre["models"]
+            and batch.gpu.cc[0] in pre["cc_majors"] and h_q == pre["h_q"])
+
+
+def precompute_smem(data: dict, b: int, parts: int) -> int:
+    """Dynamic shared memory of the engine's schedule precompute for ``b`` rows and ``parts``
+    partitions, in bytes (what its guard compares with its budget)."""
+    return 4 * (data["ints_per_row"] * b + data["ints_fixed"] + data["meta_ints_per_part"] * parts)
+
+
+def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool, switch: bool | None = None) -> str:
+    if routed and switch:
+        return (f"extend forward with {rows} rows: sent to flash_mla_sparse_fwd "
+                f"(SGLANG_OPT_FLASHMLA_SPARSE_PREFILL on: every non-speculative extend forward)")
     if routed:
         return f"extend forward with {rows} rows > threshold {threshold}: sent to flash_mla_sparse_fwd"
     if threshold is None:
         return "this version sends every forward to flash_mla_with_kvcache (no sparse-prefill routing)"
     if mode not in ROUTABLE_MODES:
         return f"{mode} forwards are never routed: they go to flash_mla_with_kvcache"
-    return f"{rows} rows <= threshold {threshold}: sent to flash_mla_with_kvcache"
+    off = " (SGLANG_OPT_FLASHMLA_SPARSE_PREFILL off)" if switch is False else ""
+    return f"{rows} rows <= threshold {threshold}{off}: sent to flash_mla_with_kvcache"
+
+
+def routing_threshold(setup: Dsv4Setup) -> int | None:
+    """Extend forwards with more query rows than this go to ``flash_mla_sparse_fwd`` (None: never).
+    With the version's sparse-prefill switch on every extend forward does: 0."""
+    return 0 if setup.switch else setup.threshold
+
+
+def tail_rows(batch: Batch, tail_tokens: int) -> np.ndarray:
+    """Per query row of the late-layer tail, its causal length, in row order: each extend request's
+    last ``min(tail_tokens, extend)`` tokens, one row per decode entry and merged running decode."""
+    ext, pre, ctx, is_dec = request_arrays(batch.requests)
+    counts = np.where(is_dec, 1, np.minimum(ext, tail_tokens))
+    starts = np.where(is_dec, ctx, pre + ext - counts + 1)
+    arr = _ranges(starts, counts)
+    if batch.mixed:
+        arr = np.concatenate([arr, np.array([r.context_len for r in batch.running], dtype=np.int64)])
+    return arr
 
 
 def routing_release() -> tuple[str, int] | None:
@@ -186,30 +277,49 @@ class Dsv4Profile(Profile):
         kernel = kernel or version.get("kernel_build")    # the build this engine version ships
         dflt = _data()["defaults"]
         ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
-        return _setup(batch.gpu, kernel, heads_per_rank(batch, dflt), ctx, version.get("sparse_prefill_threshold"),
-                      draft_tokens(batch), version["name"])
+        h_q = heads_per_rank(batch, dflt)
+        layout, use_legacy = kv_layout(batch, version)
+        return _setup(batch.gpu, kernel, h_q, ctx, version.get("sparse_prefill_threshold"), draft_tokens(batch),
+                      version["name"], sparse_prefill_switch(batch, version), late_layer_tail_tokens(batch, version),
+                      layout, use_legacy, _precompute_runs(batch, version, h_q))
 
     def derive(self, batch: Batch, version: dict, setup: Dsv4Setup, bp: BatchPlan, kernel: str | None,
                memo=None) -> None:
         """The step's FlashMLA calls: query rows, routing, per-row lengths and one plan per ratio."""
         dflt = _data()["defaults"]
         rows, bd = forward_rows(batch)
-        threshold = setup.threshold
+        threshold = routing_threshold(setup)
         mode = batch.forward_mode
         routed = mode in ROUTABLE_MODES and threshold is not None and rows > threshold
         bp.rows, bp.row_breakdown, bp.max_rows = rows, bd, setup.max_rows
         bp.routing = {"threshold": threshold, "routed": routed,
-                      "reason": _routing_reason(mode, rows, threshold, routed), "version": version["name"]}
+                      "reason": _routing_reason(mode, rows, threshold, routed, setup.switch), "version": version["name"]}
+        if setup.switch is not None:
+            bp.routing["sparse_prefill_switch"] = setup.switch
+        if setup.kv_layout is not None:
+            bp.routing["kv_layout"] = setup.kv_layout
+            bp.routing["use_legacy"] = setup.use_legacy
+            spec = version["kv_layouts"]["layouts"][setup.kv_layout]
+            if spec.get("needs_cc_major"):
+                bp.routing["kv_layout_needs_cc_major"] = spec["needs_cc_major"]
+        if setup.precompute is not None:
+            bp.routing["sched_precompute"] = {"num_sm_parts": setup.precompute[1], "data": setup.precompute[0],
+                                              "use_legacy": setup.use_legacy}
+        tail = setup.tail_tokens is not None and mode in ROUTABLE_MODES
         if routed:
             for name, topk in setup.prefill_topk:
                 call = SparsePrefillCall(s_q=rows, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
                 bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, setup.kernel), "sparse_prefill"))
+            if tail:
+                self._tail_call(batch, setup, bp, memo)
             return
         b = max(rows, 1)
         if bp.rows_only or not 0 < rows <= setup.max_rows:  # per-row lengths only matter when the scheduler runs
             for name, r, extra_topk, shape, _, quiet in setup.calls:
                 p = step_plan(shape, b, None, None, memo, None, quiet)
                 bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+            if tail:
+                self._tail_call(batch, setup, bp, memo)
             return
         lengths = causal_lengths(batch, rows)
         topk = dflt["swa_topk"]
@@ -226,9 +336,34 @@ class Dsv4Profile(Profile):
                 ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
             p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet)
             bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+        if tail:
+            self._tail_call(batch, setup, bp, memo)
+
+    @staticmethod
+    def _tail_call(batch: Batch, setup: Dsv4Setup, bp: BatchPlan, memo) -> None:
+        """The late layers' call over the forward's late-layer tail: the SWA (ratio-0) shape on
+        ``flash_mla_with_kvcache``, one row per tail token (the tail's own metadata turns sparse
+        prefill off)."""
+        topk = _data()["defaults"]["swa_topk"]
+        spec = _version_data(setup.version)["late_layer_tails"]
+        name, _, _, shape, quiet, quiet_plain = next(c for c in setup.calls if c[0] == spec["call"])
+        lengths = tail_rows(batch, setup.tail_tokens)
+        b = int(lengths.shape[0])
+        if bp.rows_only or not 0 < b <= setup.max_rows:
+            p = step_plan(shape, max(b, 1), None, None, memo, None, quiet_plain)
+        else:
+            lo, hi = min_max(lengths)
+            p = step_plan(shape, b, np.minimum(lengths, topk), None, memo,
+                          {"topk_length": (min(lo, topk), min(hi, topk))}, quiet)
+        label = f"late-layer tail ({name})"
+        bp.calls.append(DerivedCall(label, p.call, p, "decode_kernel"))
+        bp.routing["late_layer_tail_rows"] = b
 
     def bound_hints(self, setup: Dsv4Setup, bp: BatchPlan) -> dict:
-        return {"max_rows": setup.max_rows, "threshold": setup.threshold}
+        # a late-layer tail's rows depend on how the tokens are spread over requests, not on their
+        # count: routed forwards with tails take the full check
+        return {"max_rows": setup.max_rows, "threshold": routing_threshold(setup),
+                "routed_by_rows": setup.tail_tokens is None}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
         if bp.rows is None or bounds.max_rows is None:
@@ -236,6 +371,17 @@ class Dsv4Profile(Profile):
         L = bounds.max_rows
         mode = batch.forward_mode
         out: list[dict] = []
+        version_switch = bp.routing.get("sparse_prefill_switch")
+        if mode in ROUTABLE_MODES and version_switch:
+            tail = bp.routing.get("late_layer_tail_rows")
+            if tail is not None and tail > L:
+                per = _version_data(bp.routing["version"])["late_layer_tails"]["tail_tokens"]
+                out.append({"flag": "--prefill-max-requests", "value": max(L // per, 1),
+                            "why": f"a late-layer tail has up to {per} rows per request and runs flash_mla_with_kvcache: "
+                                   f"{L} // {per}"})
+                out.append({"flag": "--no-enable-decoder-swa-bounded-replay", "value": True,
+                            "why": "without late-layer tails every layer of an extend forward runs flash_mla_sparse_fwd"})
+            return out
         if mode in ROUTABLE_MODES:
             if batch.arg("enable_mixed_chunk", False) or mode == "mixed":
                 R = int(batch.arg("max_running_requests") or len(batch.running) or 0)
@@ -249,6 +395,9 @@ class Dsv4Profile(Profile):
                                                   "why": "keeps a prefill batch's new tokens within the limit"},
                                           "max_prefill_tokens"))
             thr = bp.routing.get("threshold")
+            if version_switch is False:
+                out.append({"flag": "(environment)", "value": "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1",
+                            "why": "the switch's default: every non-speculative extend forward goes to flash_mla_sparse_fwd"})
             if thr is not None:
                 out.append({"flag": "(engine)", "value": f"route at > {L} rows instead of > {thr}",
                             "why": f"the routing threshold {thr} is above the decode kernel's real limit {L}"})

@@ -5,6 +5,7 @@ import numpy as np
 
 from ..batch import RequestColumns
 from ..forward import forward_rows
+from ..knowledge import load
 from ..registry import rule
 
 
@@ -130,6 +131,121 @@ def _global_slots(bp) -> tuple[list[tuple[str, int]], list[str]]:
         elif r.req_pool_idx is not None:
             (held.append((r.id, r.req_pool_idx)) if single else unknown.append(r.id))
     return held, unknown
+
+
+def _precompute_bytes(data: dict, b: int, parts: int) -> int:
+    """The schedule precompute's dynamic shared memory for ``b`` rows and ``parts`` partitions:
+    ``4 * (5b + 1 + 8 * parts)`` bytes (the coefficients are the version's data)."""
+    return 4 * (data["ints_per_row"] * b + data["ints_fixed"] + data["meta_ints_per_part"] * parts)
+
+
+def precompute_safe_rows(p) -> int | None:
+    """The largest ``b`` below SGL003's window on this call's GPU and heads: rows its guard admits
+    that do not fit start above it (None: no engine version precomputes this call's schedule)."""
+    if not p.is_decode:
+        return None
+    out = None
+    for v in load("engines")["profiles"]["sglang-dsv4"]["versions"]:
+        data = v.get("sched_precompute")
+        if data is None or p.gpu.cc[0] not in data["cc_majors"] or p.call.h_q != data["h_q"]:
+            continue
+        parts = max(p.gpu.num_sms // p.call.s_q, 1)
+        fixed = _precompute_bytes(data, 0, parts) + data["static_bytes"]
+        safe = (data["guard_budget_bytes"] - fixed) // (4 * data["ints_per_row"])
+        out = safe if out is None else min(out, safe)
+    return out
+
+
+@rule("SGL003", scope="batch", reads="schedule", safe_rows=precompute_safe_rows)
+def precompute_smem(bp):
+    """SGLang's own schedule precompute fits its guard but not the shared memory it really needs.
+
+    ## What it checks
+    On Blackwell with 64 heads per rank, SGLang 0.5.23's DeepSeek-V4 backend computes the decode
+    kernel's tile schedule itself for DeepSeek-V4.1 (a JIT kernel), with ``num_sm_parts = SMs // s_q``.
+    Its guard skips the precompute when ``4*(5b+1+8P)`` bytes exceed 48 KiB; the kernel also has
+    static shared memory that the guard does not count. For ``b`` in the window where the dynamic
+    part fits and dynamic plus static does not, the guard lets the launch go ahead.
+
+    ## Why it crashes
+    The launch asks for more shared memory than the block may have: a CUDA launch error, and the
+    forward fails (inferred from the source; not measured).
+
+    ## Example
+    B200 (148 SMs): the guard admits b <= 2220 rows; with 64 static bytes only b <= 2217 fit, so
+    decode batches of 2218..2220 requests fail.
+
+    ## Fix
+    Keep the forward's rows outside the window (one request fewer, or more), or count the static
+    bytes in the guard.
+
+    ## Source
+    SGLang 0.5.23 ``srt/layers/attention/deepseek_v4_backend.py:215-273`` and
+    ``kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh``; sglang PRs #39646, #40429.
+    """
+    pre = bp.routing.get("sched_precompute")
+    if not pre:
+        return None
+    data, parts = pre["data"], pre["num_sm_parts"]
+    budget, static = data["guard_budget_bytes"], data["static_bytes"]
+    out = []
+    for dc in bp.calls:
+        c = dc.call
+        if dc.route != "decode_kernel":
+            continue
+        if pre["use_legacy"] is False and c.topk + (c.extra_topk or 0) < data["split_kv_min_topk"]:
+            continue            # the current kernels do not split this call: no schedule to compute
+        need = _precompute_bytes(data, c.b, parts)
+        if need <= budget < need + static:
+            out.append(precompute_smem.rule.finding(
+                f"{dc.name}: SGLang's schedule precompute for b = {c.b} rows needs {need} B dynamic + {static} B static "
+                f"shared memory; its guard admits it ({need} <= {budget}) but expected <= {budget} B in all, got "
+                f"{need + static} B on {bp.batch.gpu.name} (num_sm_parts {parts}, build {dc.plan.gen['build']})",
+                subject=f"FlashMLA call {dc.name} of this {bp.batch.forward_mode} forward",
+                numbers={"rows": c.b, "dynamic_bytes": need, "static_bytes": static, "budget_bytes": budget,
+                         "num_sm_parts": parts},
+                fix=f"keep the forward's rows below {(budget - static - _precompute_bytes(data, 0, parts)) // (4 * data['ints_per_row']) + 1} "
+                    f"or above {(budget - _precompute_bytes(data, 0, parts)) // (4 * data['ints_per_row'])} (split the batch), "
+                    "or count the static bytes in the engine's guard"))
+    return out
+
+
+@rule("SGL004", scope="batch", reads="config")
+def kv_layout_gpu(bp):
+    """The DeepSeek-V4 KV layout must be one the GPU runs.
+
+    ## What it checks
+    ``SGLANG_DSV4_KV_LAYOUT`` picks the paged KV layout: ``v4`` (default) runs everywhere on the
+    legacy kernels; ``v41`` and ``v41_new`` (the V4.1 formats) need an SM100 / SM103 GPU, and
+    ``v41_new`` (interleaved) sends decode-kernel calls to the build's current kernels
+    (``use_legacy=False``), which exist for SM100 only.
+
+    ## Why it crashes
+    The engine refuses the layout when it builds the KV pool (an assertion); the current kernels
+    raise ``RuntimeError`` (only supported on SM100f) on an H200.
+
+    ## Example
+    ``SGLANG_DSV4_KV_LAYOUT=v41_new`` on an H200.
+
+    ## Fix
+    Use ``v4`` (or ``auto``, which picks ``v4`` off SM100) on Hopper.
+
+    ## Source
+    SGLang 0.5.23 ``srt/mem_cache/deepseek_v4_memory_pool.py:198-234``,
+    ``srt/layers/attention/deepseek_v4_backend.py:1264-1271``.
+    """
+    need = bp.routing.get("kv_layout_needs_cc_major")
+    cc = bp.batch.gpu.cc
+    if not need or cc[0] in need:
+        return None
+    half = "current (use_legacy=False)" if bp.routing.get("use_legacy") is False else "legacy"
+    return [kv_layout_gpu.rule.finding(
+        f"KV layout {bp.routing['kv_layout']} needs compute capability {' or '.join(f'{m}.x' for m in need)}; "
+        f"expected an SM100-class GPU, got {bp.batch.gpu.name} (sm{cc[0]}{cc[1]}); its decode calls would run the "
+        f"{half} kernels",
+        subject=f"engine setting SGLANG_DSV4_KV_LAYOUT={bp.routing['kv_layout']}",
+        numbers={"kv_layout": bp.routing["kv_layout"], "cc": list(cc), "use_legacy": bp.routing.get("use_legacy")},
+        fix="set SGLANG_DSV4_KV_LAYOUT=v4 (or auto) on this GPU")]
 
 
 @rule("SLOT001", scope="batch", reads="slots")

@@ -110,11 +110,16 @@ def derive_slots(batch: Batch, version: dict) -> SlotModel:
     if batch.arg("max_running_requests") is None:
         raise InputError("server_args.max_running_requests", "missing (the request table is sized from it)")
     r_total = int(batch.arg("max_running_requests"))
-    dp = int(batch.arg("dp_size", 1) or 1)
-    attn_dp = dp if batch.arg("enable_dp_attention", False) else 1
-    R = r_total // attn_dp
+    attn_dp = batch.attn_dp_size()
+    R = max(r_total // attn_dp, int(version.get("running_limit_min", 0)))
     pd_decode = str(batch.arg("disaggregation_mode", "null")).lower() == "decode"
-    E, e_src = extra_slots(R, pd_decode, batch.arg("disaggregation_decode_extra_slots"))
+    per_worker = R
+    if version.get("extra_slots_per_worker") == "num_dp_ranks":
+        # replicas (dp_size next to attn_dp_size) times attention-DP groups
+        replicas = int(batch.arg("dp_size", 1) or 1) if int(batch.arg("attn_dp_size", 1) or 1) > 1 else (
+            1 if batch.arg("enable_dp_attention", False) else int(batch.arg("dp_size", 1) or 1))
+        per_worker = max(1, r_total // (replicas * attn_dp))
+    E, e_src = extra_slots(per_worker, pd_decode, batch.arg("disaggregation_decode_extra_slots"))
     t_rows = R + E + 1
     d = batch.arg("speculative_num_draft_tokens")
     d = int(d) if d else 0
