@@ -28,9 +28,41 @@ import validator
 from validator.errors import BatchIllegalError, InputError
 from validator.ingest.crash_dump import read_crash_dump
 
+def _torchvision_stand_in() -> None:
+    """A stand-in ``torchvision`` when none is installed: SGLang's config package imports a multimodal
+    preprocessing module (``sglang/srt/multimodal/internvl_utils.py``) that imports ``torchvision.transforms``
+    at module level, and the CPU build of torch here has no matching torchvision wheel. Nothing these
+    tests build touches it; every SGLang class below is the real one."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    import types
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    try:        # transformers decides once whether torchvision is there: before the stand-in exists
+        from transformers.utils import is_torchvision_available
+        is_torchvision_available()
+    except ImportError:
+        pass
+    tv = types.ModuleType("torchvision")
+    tv.__path__ = []
+    transforms = types.ModuleType("torchvision.transforms")
+    transforms.__path__ = []
+    functional = types.ModuleType("torchvision.transforms.functional")
+    functional.InterpolationMode = types.SimpleNamespace(BICUBIC="bicubic", BILINEAR="bilinear", NEAREST="nearest")
+    transforms.functional = functional
+    transforms.InterpolationMode = functional.InterpolationMode
+    tv.transforms = transforms
+    for m in (tv, transforms, functional):
+        m.__spec__ = importlib.machinery.ModuleSpec(m.__name__, None, is_package=hasattr(m, "__path__"))
+    sys.modules.update({"torchvision": tv, "torchvision.transforms": transforms,
+                        "torchvision.transforms.functional": functional})
+
+
 try:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        _torchvision_stand_in()
         import msgspec
         import torch
         from sglang.srt.beam_search.batch_tail import BeamTail, BeamTailEntry
