@@ -14,7 +14,7 @@ import numpy as np
 from ..batch import Batch, request_arrays, request_contexts
 from ..errors import InputError
 from ..fields import min_max, positive_int
-from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan, plan
 from ..forward import draft_tokens, forward_rows
 from ..knowledge import load
@@ -425,7 +425,9 @@ class Dsv4Profile(Profile):
         if bp.rows is None:
             return []
         parts = " + ".join(f"{v} {k.replace('_', ' ')}" for k, v in bp.row_breakdown.items() if v)
-        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); decode-kernel limit {bp.max_rows} rows",
+        limit = (f"decode-kernel limit {bp.max_rows} rows" if bp.max_rows is None or bp.max_rows < MAX_ROWS
+                 else "no decode-kernel row limit on this build")
+        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); {limit}",
                  f"  routing: {bp.routing['reason']}"]
         for c in bp.calls:
             extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""
