@@ -165,8 +165,10 @@ def render_diagnosis(diag, console) -> None:
     after = {True: "a Prefill line is printed AFTER its forward (the crashing batch is not in the log)",
              False: "a Prefill line is printed BEFORE its forward (the last one is the crashing batch)",
              None: "print order unknown"}[diag.after_forward]
-    if diag.engine == "vllm":
+    if diag.engine == "vllm" and diag.candidates:
         p("engine: vLLM; its crash-time SchedulerOutput dump is the crashing step itself")
+    elif diag.engine == "vllm":
+        p(f"engine: vLLM; {diag.version_basis}")
     else:
         p(f"engine: SGLang; {diag.version_basis}; {after}")
     p(f"settings: {_fmt_cfg(diag.config)}")

@@ -12,6 +12,11 @@ def era_releases(era_label: str) -> list[str]:
     return list(load("bisect")["era_release"].get(era_label, ["latest"]))
 
 
+def entry_point_releases(entry_point: str | None) -> list[str]:
+    """SGLang releases that stand for a non-server command (``sglang.bench_one_batch``), or []."""
+    return list(load("bisect")["entry_point_release"].get(entry_point or "", []))
+
+
 def default_max_prefill_tokens() -> int:
     """SGLang's default ``--max-prefill-tokens``."""
     return int(load("bisect")["default_max_prefill_tokens"])

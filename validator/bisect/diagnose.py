@@ -69,13 +69,13 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
 
     profile, why_profile = choose_profile(cfg, err, opts.engine, evidence)
     era = evidence.era() if evidence is not None else None
-    versions, after, vbasis = versions_to_try(opts.sglang_version, era)
+    versions, after, vbasis = versions_to_try(opts.sglang_version, era, cfg.entry_point)
     eras_seen = list(evidence.era_examples.values()) if evidence is not None else []
     clash = any(not a.compatible(b) for a in eras_seen for b in eras_seen)
     if clash and not opts.sglang_version:
         notes.append(f"the log mixes line formats {dict(evidence.eras)}: the most recent one ({era.label if era else '?'}) "
                      "decides; pass --sglang-version to be sure")
-    if after is None and not opts.sglang_version:
+    if after is None and not opts.sglang_version and evidence is not None and evidence.ranks:
         notes.append("the print order of this log's Prefill lines is not known for its version: both the last "
                      "logged batch and the next one are checked (pass --sglang-version to decide)")
     notes.append(f"engine profile {', '.join(profile)}: {why_profile}")
@@ -138,6 +138,10 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     if lib and lib not in ("flashmla", "cutlass") and explained is None:
         notes.append(f"the error comes from {lib}, not from FlashMLA: profile {', '.join(profile)} models FlashMLA "
                      f"calls, so its rules explain it only when a rule declares this error's signature")
+    backend = cfg.get("attention_backend")
+    if isinstance(backend, str) and backend and "flashmla" not in backend.lower() and "dsv4" not in backend.lower():
+        notes.append(f"the server runs --attention-backend {backend}: verdicts of FlashMLA rules describe FlashMLA's "
+                     "kernels, not this backend's")
     fixes = propose_fixes(explained, cfg, checker, profile) if explained is not None else []
     if explained is not None and explained.boundary is not None and err is not None:
         cross_check(explained, err, notes)

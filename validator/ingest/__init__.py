@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from ..errors import InputError
 from .crash_dump import CrashDump, read_crash_dump
-from .launch import EngineConfig, find_launch, parse_launch, parse_server_arg_overrides, unmarkdown
+from .launch import EngineConfig, entry_point, find_launch, parse_launch, parse_server_arg_overrides, unmarkdown
 from .scan import LogEvidence, scan_file, scan_lines, scan_stream
 
 __all__ = ["read_inputs", "build_config", "scan_file", "scan_lines", "read_crash_dump", "EngineConfig",
@@ -57,6 +57,7 @@ def build_config(evidence: LogEvidence | None, cdump: CrashDump | None, launch: 
         cfg.sources.update(evidence.config.sources)
         cfg.per_rank_chunk = evidence.config.per_rank_chunk
         cfg.engine = evidence.config.engine          # the engine its launch command / ServerArgs line names
+        cfg.entry_point = evidence.config.entry_point
         cfg.notes.extend(evidence.config.notes)
     if cdump is not None:
         if cdump.launch_command:
@@ -76,6 +77,7 @@ def build_config(evidence: LogEvidence | None, cdump: CrashDump | None, launch: 
         hit = find_launch(unmarkdown(launch))
         if hit is not None:
             cfg.engine = hit[0]
+            cfg.entry_point = entry_point(unmarkdown(launch))
     overrides = parse_server_arg_overrides(server_args)
     if overrides:
         cfg.update(overrides, "--server-arg", per_rank_chunk=False)

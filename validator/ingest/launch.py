@@ -45,6 +45,11 @@ def coerce(text: str) -> Any:
     return scalar(t)
 
 
+def entry_point(command: str) -> str | None:
+    """``sglang.bench_one_batch`` when the command runs it (one extend forward of the whole batch, not a server)."""
+    return "sglang.bench_one_batch" if LAUNCH_MARKERS[2].search(command) else None
+
+
 def find_launch(line: str) -> tuple[str, int] | None:
     """``(engine, offset)`` where a launch command starts in ``line``, or ``None``."""
     if "sglang" not in line and "vllm" not in line:
@@ -204,6 +209,7 @@ class EngineConfig:
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     engine: str | None = None          # "sglang" | "vllm" when known
+    entry_point: str | None = None     # the command's entry point when it is not a server (sglang.bench_one_batch)
     per_rank_chunk: bool = False       # chunked_prefill_size already divided by dp_size
     notes: list[str] = field(default_factory=list)
 
@@ -250,6 +256,7 @@ class EngineConfig:
         keys = [k for k in LAUNCH_SETTINGS if k in self.values]
         return {
             "engine": self.engine,
+            **({"entry_point": self.entry_point} if self.entry_point else {}),
             "values": {k: self.values[k] for k in keys},
             "sources": {k: self.sources[k] for k in keys},
             "chunked_prefill_size_per_rank": self.chunk_per_rank(),

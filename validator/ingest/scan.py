@@ -20,7 +20,7 @@ from .. import limits
 from ..errors import InputError
 from ..limits import parse_int
 from .crash_lines import TMA_FIELD, ErrorEvent, classify_error
-from .launch import DP_CHUNK_WARNING, EngineConfig, find_launch, parse_launch, server_args_from_line
+from .launch import DP_CHUNK_WARNING, EngineConfig, entry_point, find_launch, parse_launch, server_args_from_line
 from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
 from .vllm_dump import MARKER as VLLM_MARKER
 from .vllm_dump import VllmStep, parse_scheduler_output
@@ -35,7 +35,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _VLLM_PREFIX = re.compile(r"\((?P<proc>\w+?)(?:_DP(?P<dp>\d+))?\s+pid=\d+\)")
 # vLLM's log line "(PROC pid=N) LEVEL MM-DD HH:MM:SS [FILE:LINE] MESSAGE" (vllm 0.33.0 vllm/logger.py:28-33).
 _VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\)\s+)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)? \[[\w./-]+:\d+\]")
-_VLLM_CONFIG = re.compile(r"\b(max_num_batched_tokens|max_num_seqs|max_model_len)\s*[=:]\s*'?(\d+)")
+_VLLM_CONFIG = re.compile(r"\b(max_num_batched_tokens|max_num_seqs|max_model_len)'?\s*[=:]\s*'?(\d+)")
+_VLLM_MODEL = re.compile(r"'model': '([^']+)'")
 
 
 @dataclass
@@ -231,10 +232,16 @@ class LogScanner:
             self._launch_buf = [line[hit[1]:]]
             self._launch_line = no
             ev.config.engine = ev.config.engine or hit[0]
+            ev.config.entry_point = ev.config.entry_point or entry_point(line)
             if not line.rstrip().endswith("\\"):
                 self._finish_launch()
             ev.counts["config"] += 1
             return
+        if "non-default args:" in line:
+            m = _VLLM_MODEL.search(line)
+            if m:
+                ev.config.update({"model_path": m.group(1)}, f"{ev.name}:{no} (vLLM non-default args)")
+                ev.config.engine = ev.config.engine or "vllm"
         if "max_num_batched_tokens" in line or "max_num_seqs" in line:
             vals = {k: parse_int(v, k) for k, v in _VLLM_CONFIG.findall(line)}
             if vals:

@@ -168,5 +168,7 @@ def why_not(code: str, err: ErrorEvent | None, build: str | None = None) -> str:
         return "no error line to match"
     if not sigs:
         return f"{code} declares no error signature"
-    reasons = [f"#{s.index} {_why_not(s, err, build)}" for s in sigs]
+    if err.numbers.get("cut_off"):
+        return "the error line is cut off: none of its signatures can be confirmed"
+    reasons = list(dict.fromkeys(str(_why_not(s, err, build)) for s in sigs))
     return "; ".join(reasons)
