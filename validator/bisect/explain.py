@@ -54,23 +54,26 @@ def build_explanation(cands: list[Candidate], explained: Candidate | None, err: 
         if c.completed:
             also.append(_also(c, list(c.codes), f"completed before the error: {c.completed}; not the crashing step"))
             continue
-        rest = [x for x in c.codes if c is not explained or x not in c.explains]
-        if not rest:
-            continue
         if err is None:
-            reason = "no error line to match: not confirmed as the crash"
-        else:
-            reason = "also illegal, does not explain this error (" + "; ".join(
-                f"{x}: {why_not(x, err, build)}" for x in rest) + ")"
-        also.append(_also(c, rest, reason))
+            also.append(_also(c, list(c.codes), "no error line to match: not confirmed as the crash"))
+            continue
+        if c is not explained and c.explains:
+            other = f" ({explained.rank}: {explained.label})" if explained is not None else ""
+            also.append(_also(c, list(c.explains), "breaks a rule whose signature matches the error, but another "
+                                                   f"candidate fits the evidence better{other}"))
+        rest = [x for x in c.codes if x not in c.explains]
+        if rest:
+            also.append(_also(c, rest, "also illegal, does not explain this error (" + "; ".join(
+                f"{x}: {why_not(x, err, build)}" for x in rest) + ")"))
     recog = err.recognised() if err is not None else None
     maybe = possible(err)
     if err is None:
         status, summary = "no_error", "no error line: nothing to explain; the verdicts are for the last steps logged"
     elif explained is not None:
         status = "explained"
-        summary = (f"{', '.join(explained.explains)} explains the error on line {err.line_no}: its signature matches "
-                   f"and it breaks on {explained.label}")
+        verb = "explains" if len(explained.explains) == 1 else "explain"
+        summary = (f"{', '.join(explained.explains)} {verb} the error on line {err.line_no}: the signature matches "
+                   f"and the rule breaks on {explained.label}")
     else:
         status = "not_explained"
         lib = LIBRARY_NAMES.get(str((recog or {}).get("library")), "")

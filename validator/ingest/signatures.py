@@ -170,5 +170,5 @@ def why_not(code: str, err: ErrorEvent | None, build: str | None = None) -> str:
         return f"{code} declares no error signature"
     if err.numbers.get("cut_off"):
         return "the error line is cut off: none of its signatures can be confirmed"
-    reasons = list(dict.fromkeys(str(_why_not(s, err, build)) for s in sigs))
-    return "; ".join(reasons)
+    reasons = [r for r in dict.fromkeys(_why_not(s, err, build) for s in sigs) if r is not None]
+    return "; ".join(reasons) if reasons else "a signature matches"
