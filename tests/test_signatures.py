@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -230,3 +231,19 @@ def test_engine_comes_from_the_launch_command_or_the_log_format(tmp_path):
                  "at /x/scheduler.cuh:1599: bad\n")
     d = json.loads(CliRunner().invoke(app, ["bisect", str(p), "--json"]).stdout)
     assert d["engine"] == "vllm" and d["explanation"]["recognised"]["function"] == "MLAPlan"
+
+
+@pytest.mark.parametrize("line", [
+    "Assertion `x' failed " + "9" * 200000 + ".cu",
+    "9" * 200000 + ".cu:1: f: block: [0], thread: [0] Assertion `x` failed",
+    "python3: " + "a/" * 50000 + "x.cu:1: f: Assertion `x' failed",
+    "Error in function 'f' at " + "9" * 200000 + ".cuh:1: x",
+    "CUDA Error: " + "A" * 200000 + " x.cu 12",
+    "Assertion `c` failed (" + "9" * 200000,
+    "CUDA error (" + "9" * 600000,
+    "TMA Desc Addr: " + "f" * 200000,
+])
+def test_long_hostile_error_lines_are_read_in_bounded_time(line):
+    t = time.perf_counter()
+    classify_error(line)
+    assert time.perf_counter() - t < 1.0

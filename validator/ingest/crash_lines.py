@@ -73,7 +73,10 @@ def site_kind(file: str) -> str | None:
     return None
 
 
-_SRC = r"(?P<path>[^()\s]*?(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc|c)))"
+# A source path: directories (each ending in "/") then the file; no part can take another's characters, so
+# matching stays linear in the line (a hostile line of digits must not backtrack).
+_SRC = r"(?P<path>(?:[^()\s/:]*/)*(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc|c)))"
+SITE_SCAN_CHARS = 2000      # a line's first characters that the file-and-line patterns read
 # FlashMLA's CHECK_CUDA: "CUDA error (FILE:LINE): MESSAGE", then exit(1) (9241ae3 csrc/utils.h:5-11).
 _CUDA_FILE = re.compile(r"CUDA error \((?P<path>[^()]*?(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc)))\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)")
 # The same line cut off before its closing parenthesis: the file (or its line) is not all there.
@@ -196,9 +199,11 @@ def _library(path: str) -> str | None:
     return next((lib for frag, lib in _LIBRARIES if frag in low), None)
 
 
-def _classify_site(msg: str) -> tuple[str, dict] | None:
-    """Lines that name the source file and line they come from."""
-    m = _CUDA_FILE.search(msg)
+def _classify_site(line: str) -> tuple[str, dict] | None:
+    """Lines that name the source file and line they come from (each pattern runs only on lines with its
+    literal marker; all but FlashMLA's ``CUDA error (FILE:LINE)`` on the first ``SITE_SCAN_CHARS`` characters)."""
+    m = _CUDA_FILE.search(line) if "CUDA error (" in line else None
+    msg = line[:SITE_SCAN_CHARS]
     if m:
         text = m.group("msg").strip()
         failure = ("python_exception" if _raised(msg) else
@@ -208,21 +213,22 @@ def _classify_site(msg: str) -> tuple[str, dict] | None:
         if kind is not None:
             return kind, nums
         return ("illegal_memory_access" if _ILLEGAL.search(msg) else "cuda_error"), nums
-    m = _FI_PLAN.search(msg)
+    m = _FI_PLAN.search(msg) if "Error in function '" in msg else None
     if m:
         return "flashinfer_plan", _site(m, function=m.group("func"), message=m.group("msg").strip(),
                                         failure="python_exception", library="flashinfer")
-    m = _FI_CUDA_DRIVER.search(msg)
+    fi = "CUDA Error: " in msg
+    m = _FI_CUDA_DRIVER.search(msg) if fi else None
     if m:
         return "flashinfer_launch", _site(m, error_code=m.group("code"), failure="launch_error_silent",
                                           library=_library(m.group("path")) or "flashinfer")
-    m = _FI_CUDA_CALL.search(msg)
+    m = _FI_CUDA_CALL.search(msg) if fi else None
     if m:
         return "flashinfer_launch", _site(m, error_code=parse_int(m.group("code"), "error code"),
                                           message=m.group("msg").strip(), function=(m.group("func") or "").strip() or None,
                                           library=_library(m.group("path")) or "flashinfer",
                                           note="the failed call's status is returned to its caller")
-    m = _FLASH_ASSERT.search(msg)
+    m = _FLASH_ASSERT.search(msg) if ("Assertion failed (" in msg or "Assertion error (" in msg) else None
     if m:
         text = m.group("msg").strip()
         cond = re.search(r"Assertion `(?P<c>[^`]*)` failed", text)
@@ -230,16 +236,16 @@ def _classify_site(msg: str) -> tuple[str, dict] | None:
                      failure="python_exception" if (m.group("how") == "error" or _raised(msg)) else "process_exit",
                      library=_library(m.group("path")) or "flashmla")
         return (site_kind(m.group("file")) or "host_assert"), nums
-    m = _KU_ASSERT.search(msg)
+    m = _KU_ASSERT.search(msg) if "` failed (" in msg else None
     if m:
         return (site_kind(m.group("file")) or "host_assert"), _site(
             m, condition=m.group("cond"), failure="python_exception" if _raised(msg) else "process_crash",
             library=_library(m.group("path")) or "flashmla")
-    m = _DEVICE_ASSERT_SITE.search(msg)
+    m = _DEVICE_ASSERT_SITE.search(msg) if ("block: [" in msg and "Assertion `" in msg) else None
     if m:
         return "device_assert", _site(m, condition=m.group("cond"), failure="device_assert",
                                       library=_library(m.group("path")))
-    m = _HOST_ASSERT_SITE.search(msg)
+    m = _HOST_ASSERT_SITE.search(msg) if ("Assertion `" in msg and "' failed" in msg) else None
     if m:
         kind = "tma_descriptor" if "tma" in m.group("file").lower() else (site_kind(m.group("file")) or "host_assert")
         return kind, _site(m, condition=m.group("cond"), failure="process_crash", library=_library(m.group("path")))
@@ -248,10 +254,10 @@ def _classify_site(msg: str) -> tuple[str, dict] | None:
 
 def _classify_cut(msg: str) -> tuple[str, dict] | None:
     """A ``CUDA error (`` line cut off before its closing parenthesis: what is visible, marked as cut."""
-    m = _CUDA_CUT.search(msg)
+    m = _CUDA_CUT.search(msg) if "CUDA error (" in msg else None
     if not m:
         return None
-    frag = m.group("frag")
+    frag = m.group("frag")[-300:]       # the end of what is visible is what names the file
     nums: dict = {"cut_off": True, "path_fragment": frag}
     lib = _library(frag)
     if lib:
