@@ -78,7 +78,7 @@ def site_kind(file: str) -> str | None:
 _SRC = r"(?P<path>(?:[^()\s/:]*/)*(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc|c)))"
 SITE_SCAN_CHARS = 2000      # a line's first characters that the file-and-line patterns read
 # FlashMLA's CHECK_CUDA: "CUDA error (FILE:LINE): MESSAGE", then exit(1) (9241ae3 csrc/utils.h:5-11).
-_CUDA_FILE = re.compile(r"CUDA error \((?P<path>[^()]*?(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc)))\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)")
+_CUDA_FILE = re.compile(r"CUDA error \((?P<path>(?:[^()/]*/)*(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc)))\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)")
 # The same line cut off before its closing parenthesis: the file (or its line) is not all there.
 _CUDA_CUT = re.compile(r"CUDA error \((?P<frag>[^()]*)$")
 # FlashMLA's FLASH_ASSERT "Assertion failed (FILE:LINE): COND", then exit(1) (9241ae3 csrc/utils.h:17-23), and
