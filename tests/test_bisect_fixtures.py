@@ -162,6 +162,8 @@ def test_tma_descriptor_dump_is_read_whole_and_explained_by_the_empty_chunk():
     assert d["profile"] == ["sglang-dsv4"] and rc == 1
     step = d["crashing_step"]
     assert step["from_line"] == 7 and step["range"] == [0, 0] and d["rule"] == ["SGL002"]
+    # the limit is a lower one: 0 rows illegal, 1 legal (flashmla-facts.md 4b: s_q = 1 ran)
+    assert d["boundary"]["first_illegal"] == 0 and "1 is legal" in d["boundary"]["note"]
 
 
 def test_completed_prefill_is_never_the_crash_and_the_flashinfer_plan_error_is_not_explained():

@@ -248,3 +248,19 @@ def test_long_hostile_error_lines_are_read_in_bounded_time(line):
     t = time.perf_counter()
     classify_error(line)
     assert time.perf_counter() - t < 1.0
+
+
+@pytest.mark.parametrize("line,library,fields", [
+    # DeepGEMM 54e2261 csrc/utils/exception.hpp:12-35 (DGException, DG_HOST_ASSERT)
+    ("RuntimeError: Assertion error (/usr/local/lib/python3.12/dist-packages/deep_gemm/include/deep_gemm/scheduler/"
+     "sm100_paged_mqa_logits.cuh:88): num_sms <= kMaxSMs", "deepgemm", {"source_line": 88, "condition": "num_sms <= kMaxSMs"}),
+    ("RuntimeError: CUDA runtime error (/opt/deep_gemm/csrc/jit_kernels/impls/sm100_mqa_logits.hpp:81): invalid argument",
+     "deepgemm", {"file": "sm100_mqa_logits.hpp", "error_class": "CUDA runtime", "message": "invalid argument"}),
+])
+def test_deepgemm_errors_are_recognised_and_matched_by_no_rule_yet(line, library, fields):
+    e = event(line)
+    assert e.numbers["library"] == library and e.failure == "python_exception"
+    for k, v in fields.items():
+        assert e.numbers[k] == v
+    # PENDING (DeepGEMM DG0xx rules): their signatures match these lines when they land.
+    assert not [c for c in matching_codes(e) if not c.startswith("DG")]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from .boundary import BisectChecker, error_codes, find_boundary
-from .results import Candidate
+from .results import Boundary, Candidate
 
 
 def summarise_findings(report) -> list[dict]:
@@ -73,7 +73,13 @@ def evaluate(c: Candidate, checker: BisectChecker, targets: set[str]) -> None:
     if verdict == "legal":
         return   # its headroom is only bisected when nothing explains the crash (see add_headroom)
     tcodes = set(c.explains) or set(c.codes) or None
-    c.boundary = find_boundary(lambda v: c.make(v, ver), checker, 1, at, tcodes, c.quantity)
+    if at == 0:     # an empty step: the limit is a lower one (at least 1), not a largest legal value
+        one_ok = not error_codes(checker(c.make(1, ver), split=False), tcodes)
+        c.boundary = Boundary(c.quantity, None, 0, 0, list(codes), 1,
+                              note="illegal at 0 only: an empty step must not be launched" +
+                                   ("; 1 is legal" if one_ok else "; 1 is illegal too"))
+    else:
+        c.boundary = find_boundary(lambda v: c.make(v, ver), checker, 1, at, tcodes, c.quantity)
     try:
         full = checker(c.batch, split=True)
         if full.safe_split is not None:

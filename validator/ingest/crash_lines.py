@@ -84,6 +84,9 @@ _CUDA_CUT = re.compile(r"CUDA error \((?P<frag>[^()]*)$")
 # FlashMLA's FLASH_ASSERT "Assertion failed (FILE:LINE): COND", then exit(1) (9241ae3 csrc/utils.h:17-23), and
 # sgl-flash-mla's exception form "Assertion error (FILE:LINE): Assertion `COND` failed (...)".
 _FLASH_ASSERT = re.compile(r"Assertion (?P<how>failed|error) \(" + _SRC + r"\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)")
+# DeepGEMM's exception text (54e2261 csrc/utils/exception.hpp:12-73): "NAME error (FILE:LINE): MSG" for
+# assertions, NVRTC, CUDA driver and CUDA runtime failures; raised to Python as a RuntimeError.
+_DG_ERROR = re.compile(r"(?P<name>NVRTC|CUDA driver|CUDA runtime|cuBLASLt) error \(" + _SRC + r":(?P<line>\d+)\):\s*(?P<msg>.*)")
 # FlashInfer's exception text (include/flashinfer/exception.h, class Error): "Error in function 'F' at FILE:LINE: MSG".
 _FI_PLAN = re.compile(r"Error in function '(?P<func>[^']*)' at " + _SRC + r":(?P<line>\d+):?\s*(?P<msg>.*)")
 # FlashInfer's driver-call check around the trtllm-gen kernels (include/flashinfer/trtllm/common.h:44-48):
@@ -213,6 +216,10 @@ def _classify_site(line: str) -> tuple[str, dict] | None:
         if kind is not None:
             return kind, nums
         return ("illegal_memory_access" if _ILLEGAL.search(msg) else "cuda_error"), nums
+    m = _DG_ERROR.search(msg) if " error (" in msg else None
+    if m:
+        return "cuda_error", _site(m, message=m.group("msg").strip(), error_class=m.group("name"),
+                                   failure="python_exception", library=_library(m.group("path")) or "deepgemm")
     m = _FI_PLAN.search(msg) if "Error in function '" in msg else None
     if m:
         return "flashinfer_plan", _site(m, function=m.group("func"), message=m.group("msg").strip(),
