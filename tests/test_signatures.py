@@ -264,3 +264,12 @@ def test_deepgemm_errors_are_recognised_and_matched_by_no_rule_yet(line, library
         assert e.numbers[k] == v
     # PENDING (DeepGEMM DG0xx rules): their signatures match these lines when they land.
     assert not [c for c in matching_codes(e) if not c.startswith("DG")]
+
+
+@pytest.mark.parametrize("build,codes", [(None, ["FMLA001", "SGL001"]), ("flashmla-2026.09.30", ["FMLA001", "SGL001"]),
+                                         ("flashmla-9241ae3", [])])
+def test_the_build_decides_which_site_is_a_signature(build, codes):
+    # upstream 2026.09.30 reports the scheduler failure at get_decoding_sched_meta.cu:143 (read from the binary,
+    # flashmla-builds.md section 1); 9241ae3 at :111. A :143 line under --kernel-gen flashmla-9241ae3 is not FMLA001's.
+    line = "CUDA error (/x/csrc/cuda_kernels/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:143): invalid argument"
+    assert matching_codes(event(line), build) == codes

@@ -32,7 +32,8 @@ def vllm_profile_note(cfg: EngineConfig) -> str:
     """Which vLLM engine profile judges this model, and whether this build has it."""
     name = vllm_profile_for(str(cfg.get("model_path", "") or ""), in_model_family)
     if name in load("engines")["profiles"]:
-        return f"vLLM log: engine profile {name}"
+        return (f"vLLM log: engine profile {name} applies to this model; a scheduler dump is still checked as "
+                "FlashMLA calls (pass --engine to judge a batch document with the profile)")
     return (f"vLLM log: judged with the vLLM profile {name} when it is present; this build has no such profile, so a "
             "scheduler dump is checked as FlashMLA calls and nothing else of the log is judged")
 
