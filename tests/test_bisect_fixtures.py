@@ -246,6 +246,19 @@ def test_select_ignore_and_statistics():
     assert r.exit_code == 2 and "--select" in r.output
 
 
+
+def test_the_story_says_not_explained_and_also_illegal():
+    out = bisect("fixtures/logs/sglang-cut-off-cuda-error.log").stdout
+    assert "verdict: not explained: the error line is cut off" in out
+    assert "also illegal, does not explain this error:" in out and "FMLA001, SGL001 at 12288 query rows" in out
+    assert "crashing step" not in out
+    out = bisect("fixtures/logs/sglang-0523-sparse-prefill-tma-assert.log").stdout
+    assert "signature of: FMLA014, SGL002" in out and "max_running_requests unknown" not in out
+    assert "--server-arg max_running_requests" not in out
+    out = bisect("fixtures/logs/sglang-dsv4-prefill-12288.log").stdout
+    assert "invented: request ids p1, p2, p3, d1" in out and "split evenly over the 3 requests" in out
+
+
 if __name__ == "__main__":      # write the golden view of the named fixtures (review the diff before committing)
     os.chdir(ROOT)
     for n in sys.argv[1:] or sorted(TRUTH):
