@@ -410,7 +410,7 @@ def test_new_rules_have_pages_sources_and_signatures():
         assert r.source and r.failure
         assert re.search(r"\.(cu|cuh|hpp|h|py):\d+", r.source) or code == "CG001", code
         for sig in cat[code]["signatures"]:
-            assert sig.keys() <= {"file", "lines", "message", "failure", "builds"}
+            assert sig.keys() <= {"file", "lines", "message", "failure", "builds", "source", "note"}
             assert "failure" in sig and ("file" in sig or "message" in sig)
             if "message" in sig:
                 re.compile(sig["message"])

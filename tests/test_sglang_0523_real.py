@@ -28,6 +28,7 @@ import validator
 from validator.errors import BatchIllegalError, InputError
 from validator.ingest.crash_dump import read_crash_dump
 
+
 def _torchvision_stand_in() -> None:
     """A stand-in ``torchvision`` when none is installed: SGLang's config package imports a multimodal
     preprocessing module (``sglang/srt/multimodal/internvl_utils.py``) that imports ``torchvision.transforms``

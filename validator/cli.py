@@ -20,7 +20,7 @@ from .api import check_plan
 from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
-from .formats import SCHEMA_VERSIONS
+from .formats import SCHEMA_VERSIONS, render_statistics
 from .inputs import example_path, load_documents
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
 from .limits import echo
@@ -357,12 +357,6 @@ def report_unit(name: str, report) -> dict:
             "findings": [f.to_dict() for f in report.findings], "error": None}
 
 
-def render_statistics(counts: dict, console) -> None:
-    """``--statistics``: findings per rule code, one line each."""
-    console.print("statistics:" if counts else "statistics: no findings")
-    for code, n in counts.items():
-        r = get_rule(code)
-        console.print(f"  {code} {n:>6}  {r.title if r else ''}".rstrip())
 
 
 CORPUS_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")

@@ -35,7 +35,12 @@ Examples:
 
 * `validate-batch bisect --dump crash_dump_2026-04-28_10-12-05.pkl --launch "sglang serve ..."`
 
-Exit codes: 1 a crashing step breaks a rule (the crash is explained), 0 nothing illegal found,
+A rule explains the crash only when the error line matches one of its signatures (rules/catalog.json)
+and it breaks on the crashing step; other rules that break are reported as "also illegal, does not
+explain this error"; an error no rule matches is "not explained", with what was recognised in it.
+A step the log shows completed is never the crashing step.
+
+Exit codes: 1 the crash is explained by a rule, 0 not explained (or nothing illegal found),
 2 bad input (one line naming the field or line), 4 internal error.
 """
 
@@ -59,6 +64,9 @@ def register(app) -> None:
         no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar on stderr."),
         run_kernel: bool = typer.Option(False, "--kernel", help="Also run the crashing step's FlashMLA calls on a GPU (kernel mode)."),
         output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP + "; for github, junit and sarif an explained crash is a failure"),
+        select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; prefixes allowed): the other rules neither explain the crash nor bound it."),
+        ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped before the crash is explained."),
+        stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code over the steps checked (on stderr in the machine formats)."),
     ):
         from .bisect import BisectOptions, diagnose
         from .ingest import build_config, read_inputs
@@ -66,6 +74,7 @@ def register(app) -> None:
         output = Output.for_flags(as_json, quiet, output_format)
         err_console = output.err_console
         try:
+            sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
             if log is None and dump is None:
                 raise InputError("LOG", "give a log file, '-' for stdin, or --dump FILE")
             kernel_gen = kernel_option(kernel_gen, output)
@@ -81,27 +90,53 @@ def register(app) -> None:
             evidence, cdump = read_inputs(log, dump, trust_pickle, window, err_console if show else None)
             cfg = build_config(evidence, cdump, launch, server_arg)
             opts = BisectOptions(sglang_version, list(engine) or None, gpu, kernel_gen, rank, run_kernel,
-                                 err_console if not quiet else None)
+                                 err_console if not quiet else None,
+                                 (lambda code: formats.selected(code, sel, ign)) if sel or ign else None)
             diag = diagnose(evidence, cfg, cdump, opts)
         except InputError as e:
             name = log if log is not None else dump
             if output.is_ci and name:
                 output.write(formats.render(output.mode, [formats.bad_input_unit(name, e)]))
             output.error(e)
+        counts = formats.statistics([{"findings": c.findings} for c in diag.candidates])
         if output.mode in ("json", "jsonl"):
-            output.json({"schema": formats.SCHEMA_VERSIONS["bisect"], **diag.to_dict()}, default=str)
+            d = {"schema": formats.SCHEMA_VERSIONS["bisect"], **diag.to_dict()}
+            if stats:
+                d["statistics"] = counts
+            output.json(d, default=str)
         elif output.is_ci:
             name = log if log is not None else dump
             ex = diag.explained
             output.write(formats.render(output.mode, [{
                 "file": name, "name": name, "status": "illegal" if ex is not None else "legal",
                 "findings": [f for f in (ex.findings if ex is not None else [])], "error": None}]))
+            if stats:
+                formats.render_statistics(counts, output.err_console)
         elif not output.is_quiet:
             render_diagnosis(diag, output.console)
+            if stats:
+                formats.render_statistics(counts, output.console)
         raise typer.Exit(EXIT_EXPLAINED if diag.explained is not None else EXIT_NOTHING_ILLEGAL)
 
 
 # ------------------------------------------------------------------------------------ the story
+def _recognised_text(err) -> str:
+    r = err.recognised()
+    parts = [err.kind]
+    if r.get("library"):
+        parts.append(f"from {r['library']}")
+    if err.file:
+        parts.append(f"at {err.file}" + (f":{err.source_line}" if err.source_line is not None else " (line cut off)"))
+    elif r.get("cut_off"):
+        parts.append(f"cut off after {r.get('path_fragment')!r}")
+    if r.get("function"):
+        parts.append(f"in {r['function']}")
+    parts.append(f"failure {err.failure or 'unknown'}")
+    if r.get("zero_extent"):
+        parts.append("the TMA descriptor has a zero extent (an empty tensor)")
+    return ", ".join(parts)
+
+
 def _fmt_cfg(cfg) -> str:
     parts = [f"{k}={cfg.values[k]}" for k in SUMMARY_SETTINGS if cfg.values.get(k) is not None]
     if cfg.dp_attention and cfg.chunk_per_rank() is not None:
@@ -130,17 +165,25 @@ def render_diagnosis(diag, console) -> None:
     after = {True: "a Prefill line is printed AFTER its forward (the crashing batch is not in the log)",
              False: "a Prefill line is printed BEFORE its forward (the last one is the crashing batch)",
              None: "print order unknown"}[diag.after_forward]
-    if diag.engine == "vllm":
+    if diag.engine == "vllm" and diag.candidates:
         p("engine: vLLM; its crash-time SchedulerOutput dump is the crashing step itself")
+    elif diag.engine == "vllm":
+        p(f"engine: vLLM; {diag.version_basis}")
     else:
         p(f"engine: SGLang; {diag.version_basis}; {after}")
     p(f"settings: {_fmt_cfg(diag.config)}")
     err = diag.error
+    xp = diag.explanation
     if err is not None:
         where = f", {err.rank}" + (" (inferred from the preceding line)" if err.rank_inferred else "") if err.rank else ""
         p(f"error (line {err.line_no}{where}): {err.text[:300]}")
-        if err.suspect_codes:
-            p(f"  this is how {', '.join(err.suspect_codes)} fail")
+        p(f"  recognised: {_recognised_text(err)}")
+        if xp is not None and xp.signature_rules:
+            p(f"  signature of: {', '.join(xp.signature_rules)}")
+        elif xp is not None and xp.possible:
+            p(f"  cut off: the visible part fits {', '.join(xp.possible)} (not confirmed)")
+        else:
+            p("  no rule's signature matches this error line")
     else:
         p("error: none found in the input (the log may end before the crash)")
     ex = diag.explained
@@ -154,7 +197,7 @@ def render_diagnosis(diag, console) -> None:
                 mark = "   <- crashing step" if ex.step is s and ex.exact and ex.kind == "prefill" and ex.lo == ex.hi else ""
                 p(f"  line {s.line_no:>7}  {s.timestamp or '':19}  {s.summary()}{mark}")
     if ex is None:
-        p("verdict: no candidate step breaks a modelled limit")
+        p(f"verdict: {xp.summary}" if xp is not None else "verdict: no candidate step breaks a modelled limit")
         for c in diag.candidates[:4]:
             head = (f"; legal up to {c.boundary.largest_legal}" if c.boundary is not None
                     and c.boundary.largest_legal is not None else "")
@@ -171,9 +214,11 @@ def render_diagnosis(diag, console) -> None:
         p(f"  {ex.quantity}: {rng}; checked as {', '.join(diag.profile)}" + (f"@{ex.version}" if ex.version else ""))
         if len(ex.version_notes) > 1:
             p(f"  engine version not known exactly; checked under each: {'; '.join(ex.version_notes)}")
-        p(f"rule: {', '.join(ex.codes)} ({ex.verdict})")
-        for f in ex.findings[:3]:
+        p(f"rule: {', '.join(ex.explains)} ({ex.verdict}; its signature matches the error)")
+        for f in [f for f in ex.findings if f["code"] in ex.explains][:3]:
             p(f"  {f['code']} {f['message']}")
+        for a in ex.assumptions:
+            p(f"  {a}")
         b = ex.boundary
         if b is not None:
             if b.largest_legal is not None:
@@ -192,6 +237,10 @@ def render_diagnosis(diag, console) -> None:
         for f in diag.fixes:
             tag = {True: "verified by the checker", False: "NOT verified by the checker", None: "advice"}[f["verified"]]
             p(f"  {f['flag']} {f['value']}  [{tag}] - {f['why']}")
+    if xp is not None and xp.also_illegal:
+        p("also illegal, does not explain this error:" if err is not None else "illegal steps (not confirmed: no error line):")
+        for a in xp.also_illegal[:6]:
+            p(f"  {a['rank']}: {a['step']}: {', '.join(a['codes'])} at {a['at']} {a['quantity']} - {a['reason']}")
     others = [c for c in diag.candidates if c is not ex] if ex is not None else []
     if others:
         p("other candidates:")

@@ -89,6 +89,14 @@ def statistics(units: list[dict]) -> dict[str, int]:
     return dict(sorted(c.items()))
 
 
+def render_statistics(counts: dict, console) -> None:
+    """``--statistics``: findings per rule code, one line each (check, metadata and bisect)."""
+    console.print("statistics:" if counts else "statistics: no findings")
+    for code, n in counts.items():
+        r = get_rule(code)
+        console.print(f"  {code} {n:>6}  {r.title if r else ''}".rstrip())
+
+
 def exit_code(units: list[dict], exit_zero: bool = False) -> int:
     """2 when any unit is bad input, else 1 when any is illegal (0 with ``exit_zero``), else 0."""
     if any(u["status"] == "bad_input" for u in units):

@@ -11,7 +11,8 @@ engines when the evidence is silent is read from ``rules/bisect.json`` (:mod:`.d
 
 Modules, down the flow: ``results`` (what is found) <- ``boundary`` (the checker, the search) <-
 ``docs`` (batch documents) <- ``builder`` / ``without_steps`` (candidates) <- ``evaluate`` (verdicts)
-<- ``fixes`` / ``consistency`` / ``vllm`` / ``kernel`` <- ``diagnose`` (the entry point).
+<- ``explain`` (a rule explains a crash only when its signature matches the error line; steps the
+log shows completed) <- ``fixes`` / ``consistency`` / ``vllm`` / ``kernel`` <- ``diagnose`` (the entry point).
 """
 from .boundary import MAX_VALUE, BisectChecker, error_codes, find_boundary
 from .builder import Builder, running_len

@@ -11,11 +11,13 @@ MAX_VALUE = 1 << 22          # search cap for a quantity (rows, slots, batch siz
 
 
 class BisectChecker:
-    """``validator.check`` with a call count; every verdict of bisection comes through here."""
+    """``validator.check`` with a call count; every verdict of bisection comes through here. With
+    ``keep_code`` (``--select`` / ``--ignore``) only the findings of the rule codes it keeps count."""
 
-    def __init__(self, gpu: Any = None, kernel_gen: str | None = None):
+    def __init__(self, gpu: Any = None, kernel_gen: str | None = None, keep_code: Callable[[str], bool] | None = None):
         self.gpu = gpu
         self.kernel_gen = kernel_gen
+        self.keep_code = keep_code
         self.calls = 0
 
     def __call__(self, doc: dict, split: bool = False):
@@ -26,7 +28,10 @@ class BisectChecker:
         if "engine" in doc:
             kw["split"] = split
             kw["chunk"] = False     # a logged step is what the engine ran: never re-chunked
-        return check(doc, **kw)
+        report = check(doc, **kw)
+        if self.keep_code is not None:
+            report.findings = [f for f in report.findings if self.keep_code(f.code)]
+        return report
 
 
 def error_codes(report, targets: set[str] | None) -> list[str]:

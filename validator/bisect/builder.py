@@ -73,8 +73,17 @@ class Builder:
         basis = [f"line {p.line_no}: {p.summary()}"]
         if mixed and running:
             basis.append(f"mixed chunking merges the {running} running decode(s) into this forward")
-        return Candidate(rank, "prefill", label, "query rows", rows, rows, rows, exact, basis, make, p,
-                         list(self.versions))
+        c = Candidate(rank, "prefill", label, "query rows", rows, rows, rows, exact, basis, make, p,
+                      list(self.versions))
+        if n_seq > 1:
+            c.assumptions.append(f"assumption: the {rows} new tokens are split evenly over the {n_seq} requests "
+                                 f"(the line gives only the total; the row count does not depend on it)")
+        if cached and n_seq > 1:
+            c.assumptions.append(f"assumption: the {cached} cached tokens are split evenly over the {n_seq} requests")
+        if running:
+            c.assumptions.append(f"assumption: each of the {running} running request(s) holds {rl} tokens "
+                                 "(the line gives only their count and the total)")
+        return c
 
     def prefill_next(self, rank: str, p: Step | None, tl: RankTimeline) -> Candidate | None:
         """The unlogged batch after ``p`` (engines that print a Prefill line after its forward)."""
@@ -126,8 +135,11 @@ class Builder:
                                f"reconstructed next prefill on {rank} ({v} new tokens)")
         label = (f"the prefill after line {p.line_no} (not in the log: this version prints a batch after its forward)"
                  if p is not None else "a prefill batch (no Prefill line on this rank)")
-        return Candidate(rank, "prefill", label, "query rows", 1, hi, likely, exact, basis, make, p,
-                         list(self.versions))
+        c = Candidate(rank, "prefill", label, "query rows", 1, hi, likely, exact, basis, make, p,
+                      list(self.versions))
+        c.assumptions.append("assumption: the reconstructed batch is one request carrying all its new tokens (how they "
+                             "split between requests is not known and does not change the row count)")
+        return c
 
     def decode_step(self, rank: str, p: Step | None, d: Step | None) -> Candidate | None:
         last = max([s for s in (p, d) if s is not None], key=lambda s: s.line_no, default=None)
@@ -161,8 +173,11 @@ class Builder:
             return decode_doc(self.profile, version, self.gpu, self.sa(), v, sl, mode,
                               f"decode step on {rank} with {v} running request(s)")
         kind = "verify" if mode == "target_verify" else "decode"
-        return Candidate(rank, kind, f"a {'verify' if kind == 'verify' else 'decode'} step near line {last.line_no}",
-                         "batch size", running, hi, running, False, basis, make, last, list(self.versions))
+        c = Candidate(rank, kind, f"a {'verify' if kind == 'verify' else 'decode'} step near line {last.line_no}",
+                      "batch size", running, hi, running, False, basis, make, last, list(self.versions))
+        c.assumptions.append(f"assumption: every running request holds {sl} tokens (the line gives only the count "
+                             "and the total)")
+        return c
 
     def slot_buffers(self, d: Step | None, basis: list[str]) -> tuple[dict, list[dict]]:
         """Slot-indexed buffers the model and the log point to, beyond the request table.
@@ -239,5 +254,8 @@ class Builder:
         label = (f"the {'draft-extend' if draft else 'decode'} step that indexed slot {idx}" if idx is not None
                  else f"a {'draft-extend' if draft else 'decode'} step on the PD decode worker" if pd
                  else f"a {'draft-extend' if draft else 'decode'} step")
-        return Candidate(rank, "slot", label, "slot index", lo_v, hi_v, likely, exact, basis, make, d,
-                         list(self.versions))
+        c = Candidate(rank, "slot", label, "slot index", lo_v, hi_v, likely, exact, basis, make, d,
+                      list(self.versions))
+        if n > 1:
+            c.assumptions.append(f"assumption: the other {n - 1} request(s) hold the lowest free slots")
+        return c

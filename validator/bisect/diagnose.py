@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import InputError
 from ..ingest.crash_dump import CrashDump
@@ -14,11 +14,12 @@ from .boundary import BisectChecker
 from .builder import Builder
 from .consistency import budget_check, cross_check, survival_check
 from .evaluate import add_headroom, evaluate
+from .explain import build_explanation, completed_reason, error_targets
 from .fixes import propose_fixes
 from .kernel import kernel_hook
 from .profiles import choose_profile, versions_to_try
 from .results import Candidate, Diagnosis
-from .vllm import diagnose_vllm
+from .vllm import diagnose_vllm, diagnose_vllm_without_dump, engine_of, vllm_profile_note
 from .without_steps import candidates_without_steps
 
 
@@ -33,6 +34,7 @@ class BisectOptions:
     rank: str | None = None
     kernel: bool = False
     kernel_console: Any = None
+    keep_code: Callable[[str], bool] | None = None   # --select / --ignore: which rule codes count
 
 
 def _ranks_to_check(ev: LogEvidence, err: ErrorEvent | None, want: str | None) -> list[str]:
@@ -53,21 +55,27 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     opts = opts or BisectOptions()
     notes: list[str] = []
     err = evidence.root_error() if evidence is not None else None
-    engine = (evidence.engine if evidence is not None else None) or cfg.engine or ("sglang" if dump else None)
-    checker = BisectChecker(opts.gpu, opts.kernel_gen)
+    engine, why_engine = engine_of(evidence, cfg, dump)
+    if why_engine:
+        notes.append(why_engine)
+    checker = BisectChecker(opts.gpu, opts.kernel_gen, opts.keep_code)
+    targets, sigs = error_targets(err, opts.kernel_gen)
 
     if evidence is not None and evidence.vllm_steps and not evidence.ranks:
-        return diagnose_vllm(evidence, cfg, err, checker, notes)
+        notes.append(vllm_profile_note(cfg))
+        return diagnose_vllm(evidence, cfg, err, checker, notes, targets, sigs, opts.kernel_gen)
+    if engine == "vllm":
+        return diagnose_vllm_without_dump(evidence, cfg, err, notes, sigs, opts.kernel_gen)
 
     profile, why_profile = choose_profile(cfg, err, opts.engine, evidence)
     era = evidence.era() if evidence is not None else None
-    versions, after, vbasis = versions_to_try(opts.sglang_version, era)
+    versions, after, vbasis = versions_to_try(opts.sglang_version, era, cfg.entry_point)
     eras_seen = list(evidence.era_examples.values()) if evidence is not None else []
     clash = any(not a.compatible(b) for a in eras_seen for b in eras_seen)
     if clash and not opts.sglang_version:
         notes.append(f"the log mixes line formats {dict(evidence.eras)}: the most recent one ({era.label if era else '?'}) "
                      "decides; pass --sglang-version to be sure")
-    if after is None and not opts.sglang_version:
+    if after is None and not opts.sglang_version and evidence is not None and evidence.ranks:
         notes.append("the print order of this log's Prefill lines is not known for its version: both the last "
                      "logged batch and the next one are checked (pass --sglang-version to decide)")
     notes.append(f"engine profile {', '.join(profile)}: {why_profile}")
@@ -89,9 +97,12 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
             p_last = p is not None and (d is None or p.line_no > d.line_no)
             if after is False or after is None:
                 if p is not None:
-                    cands.append(b.prefill_logged(rank, p, exact=p_last and after is False,
-                                                  label=f"the last logged prefill (line {p.line_no}), printed before its forward"
-                                                  if after is False else f"the last logged prefill (line {p.line_no})"))
+                    done = completed_reason(tl, p, cut, cfg)
+                    pc = b.prefill_logged(rank, p, exact=p_last and after is False and done is None,
+                                          label=f"the last logged prefill (line {p.line_no}), printed before its forward"
+                                          if after is False else f"the last logged prefill (line {p.line_no})")
+                    pc.completed = done
+                    cands.append(pc)
             if after is True or after is None:
                 nc = b.prefill_next(rank, p, tl)
                 if nc:
@@ -109,20 +120,28 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
         cands.extend(candidates_without_steps(b, cfg, err, dump, notes))
 
     for c in cands:
-        evaluate(c, checker, err)
+        evaluate(c, checker, targets)
     explained = _pick(cands, err)
     if explained is None:
-        for c in cands[:3]:
-            add_headroom(c, checker, err)
+        for c in [c for c in cands if not c.completed][:3]:
+            add_headroom(c, checker, targets)
     if explained is None and err is not None and err.kind == "index_oob":
         n_, m_ = err.numbers["index"], err.numbers["size"]
         notes.append(f"the error itself says: index {n_} into a buffer of {m_} rows, so the largest legal index there is "
                      f"{m_ - 1} (over by {n_ - m_ + 1}); give the settings (--launch / --server-arg "
                      "max_running_requests=..., disaggregation_decode_extra_slots=...) to name the buffer and check it")
-    if explained is None and cands:
+    if explained is None and cands and not any(c.is_illegal for c in cands):
         notes.append("no candidate step breaks a rule the model knows: the crash is not explained by the "
                      "checker (the settings may be incomplete - pass --launch / --server-arg - or the cause is "
                      "outside the modelled limits)")
+    lib = err.numbers.get("library") if err is not None else None
+    if lib and lib not in ("flashmla", "cutlass") and explained is None:
+        notes.append(f"the error comes from {lib}, not from FlashMLA: profile {', '.join(profile)} models FlashMLA "
+                     f"calls, so its rules explain it only when a rule declares this error's signature")
+    backend = cfg.get("attention_backend")
+    if isinstance(backend, str) and backend and "flashmla" not in backend.lower() and "dsv4" not in backend.lower():
+        notes.append(f"the server runs --attention-backend {backend}: verdicts of FlashMLA rules describe FlashMLA's "
+                     "kernels, not this backend's")
     fixes = propose_fixes(explained, cfg, checker, profile) if explained is not None else []
     if explained is not None and explained.boundary is not None and err is not None:
         cross_check(explained, err, notes)
@@ -132,15 +151,17 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     if err is None and evidence is not None:
         notes.append("no error line found: the log may end before the crash; the verdicts are for the last steps logged")
     diag = Diagnosis(engine or "sglang", profile, err, after, vbasis, cands, explained, fixes, cfg, evidence, dump, notes)
+    diag.explanation = build_explanation(cands, explained, err, sigs, opts.kernel_gen)
     if opts.kernel:
         diag.kernel = kernel_hook(explained, checker, opts.kernel_console)
     return diag
 
 
 def _pick(cands: list[Candidate], err: ErrorEvent | None) -> Candidate | None:
-    """The candidate that best explains the crash: breaks a rule whose failure matches the error,
-    at its likely value rather than only at the top of its range, exact rather than reconstructed."""
-    illegal = [c for c in cands if c.is_illegal]
+    """The candidate that explains the crash: it breaks a rule whose signature matches the error line
+    (never a step the log shows completed), at its likely value rather than only at the top of its
+    range, exact rather than reconstructed. Without such a rule nothing explains the crash."""
+    illegal = [c for c in cands if c.is_illegal and c.matches_error and not c.completed]
     if not illegal:
         return None
     err_rank = err.rank if err is not None else None

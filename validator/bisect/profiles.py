@@ -5,7 +5,7 @@ from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
 from ..ingest.sglang_log import Era, after_forward_for_version, parse_version
-from .data import era_releases, in_model_family
+from .data import entry_point_releases, era_releases, in_model_family
 
 
 def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str] | None,
@@ -27,6 +27,8 @@ def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str
         return prof, f"model {cfg.get('model_path')!r} is DeepSeek-V4"
     if err is not None and err.kind == "flashmla_sched":
         return ["sglang-dsv4"], "the error is FlashMLA's scheduler failing (one query row per token, as in DSv4)"
+    if err is not None and err.kind in ("flashmla_sparse_prefill", "tma_descriptor"):
+        return ["sglang-dsv4"], f"the error ({err.kind}) comes from a sparse prefill kernel's TMA descriptor, not from a slot"
     if pd_decode and in_model_family("dsa_pd_decode", model):
         return ["sglang-slots"], "a PD decode worker of a DSA-indexer model"
     if swa_hint:
@@ -36,11 +38,15 @@ def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str
     return ["sglang-dsv4"], "no model or error pointed elsewhere; the DeepSeek-V4 FlashMLA profile is the default"
 
 
-def versions_to_try(user_version: str | None, era: Era | None) -> tuple[list[str | None], bool | None, str]:
+def versions_to_try(user_version: str | None, era: Era | None,
+                    entry_point: str | None = None) -> tuple[list[str | None], bool | None, str]:
     """Profile versions to evaluate, whether Prefill lines follow their forward, and why."""
     if user_version:
         v = parse_version(user_version)
         return [".".join(str(x) for x in v[:3])], after_forward_for_version(v), f"--sglang-version {user_version}"
+    if era is None and entry_point_releases(entry_point):
+        rel = entry_point_releases(entry_point)
+        return list(rel), None, f"{entry_point} exists up to SGLang {rel[-1]} (rules/bisect.json entry_point_release)"
     if era is None:
         return [None], None, "no scheduler lines to date the log; profiles' default versions"
     return era_releases(era.label), era.after_forward, f"line format {era.label}: SGLang {era.versions}"

@@ -59,6 +59,10 @@ class Candidate:
     findings: list[dict] = field(default_factory=list)
     boundary: Boundary | None = None
     matches_error: bool = False
+    explains: list[str] = field(default_factory=list)   # its error codes whose signature matches the error
+    completed: str | None = None        # why the log shows this step completed (then it is not the crash)
+    assumptions: list[str] = field(default_factory=list)   # what the batch assumes beyond the evidence
+    invented_ids: list[str] = field(default_factory=list)  # request ids made up (the log gives counts only)
     batch: dict | None = None
     safe_split: dict | None = None
     check_error: str | None = None
@@ -76,10 +80,16 @@ class Candidate:
         d = {"rank": self.rank, "kind": self.kind, "label": self.label, "quantity": self.quantity,
              "range": [self.lo, self.hi], "likely": self.likely, "exact": self.exact, "basis": self.basis,
              "engine_version": self.version, "verdict": self.verdict, "codes": self.codes,
-             "matches_error": self.matches_error, "findings": self.findings,
+             "matches_error": self.matches_error, "explains": self.explains, "findings": self.findings,
              "boundary": self.boundary.to_dict() if self.boundary else None, "batch": self.batch}
         if self.step is not None:
             d["from_line"] = self.step.line_no
+        if self.completed:
+            d["completed"] = self.completed
+        if self.assumptions:
+            d["assumptions"] = self.assumptions
+        if self.invented_ids:
+            d["invented_request_ids"] = self.invented_ids
         if self.safe_split is not None:
             d["safe_split"] = self.safe_split
         if self.check_error:
@@ -87,6 +97,29 @@ class Candidate:
         if self.version_notes:
             d["version_notes"] = self.version_notes
         return d
+
+
+@dataclass
+class Explanation:
+    """Whether a rule explains the crash, and what else the evidence shows.
+
+    ``status``: ``explained`` (a rule whose signature matches the error line breaks on the crashing
+    step), ``not_explained`` (an error line, but no rule both matches it and breaks), ``no_error``
+    (no error line: nothing to explain, the verdicts are for the last steps logged)."""
+
+    status: str
+    rules: list[str]                     # the rules that explain the crash
+    signature_rules: list[str]           # rules whose signature matches the error line
+    signatures: list[dict]               # those signatures
+    possible: list[str]                  # a cut-off line: rules its visible part is consistent with
+    recognised: dict | None              # what the error line was read as
+    also_illegal: list[dict]             # steps that break rules that do not explain the error
+    summary: str
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "rules": self.rules, "summary": self.summary,
+                "signature_matches": self.signature_rules, "signatures": self.signatures,
+                "possible": self.possible, "recognised": self.recognised, "also_illegal": self.also_illegal}
 
 
 @dataclass
@@ -104,6 +137,7 @@ class Diagnosis:
     dump: CrashDump | None = None
     notes: list[str] = field(default_factory=list)
     kernel: dict | None = None
+    explanation: Explanation | None = None
 
     @property
     def partial(self) -> bool:
@@ -116,7 +150,8 @@ class Diagnosis:
             "error": self.error.to_dict() if self.error else None,
             "prefill_logged_after_forward": self.after_forward, "version_basis": self.version_basis,
             "crashing_step": ex.to_dict() if ex else None,
-            "rule": ex.codes if ex else [],
+            "rule": ex.explains if ex else [],
+            "explanation": self.explanation.to_dict() if self.explanation else None,
             "boundary": ex.boundary.to_dict() if ex and ex.boundary else None,
             "fixes": self.fixes, "partial": self.partial,
             "candidates": [c.to_dict() for c in self.candidates],

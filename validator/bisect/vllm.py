@@ -1,14 +1,17 @@
-"""vLLM: its crash-time scheduler dump is the crashing step itself."""
+"""vLLM: its crash-time scheduler dump is the crashing step itself; which engine a log comes from."""
 from __future__ import annotations
 
 from ..errors import InputError
+from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
 from ..knowledge import load
 from ..profiles import resolve_version
 from .boundary import BisectChecker
+from .data import in_model_family, vllm_profile_for
 from .evaluate import evaluate
+from .explain import build_explanation
 from .results import Candidate, Diagnosis
 
 #: the settings a vLLM profile reads, passed from the log's configuration
@@ -65,8 +68,44 @@ def profile_candidate(step, cfg: EngineConfig, engine: str) -> Candidate:
                      base + 1, rows, rows, step.complete, basis, make, None, [None])
 
 
+def engine_of(ev: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | None) -> tuple[str | None, str]:
+    """The engine that wrote the evidence, and where that comes from: the log's own format (its
+    scheduler lines, vLLM's line format or scheduler dump) outranks a launch command."""
+    log_engine = ev.engine if ev is not None else None
+    cmd = cfg.engine
+    if log_engine and cmd and log_engine != cmd:
+        return log_engine, (f"engine: {log_engine}, from the log's line format (the launch command given is "
+                            f"{cmd}'s: the log decides)")
+    if log_engine:
+        return log_engine, ""
+    if cmd:
+        return cmd, f"engine: {cmd}, from the launch command"
+    return ("sglang" if dump is not None else None), ""
+
+
+def vllm_profile_note(cfg: EngineConfig) -> str:
+    """Which vLLM engine profile judges this model, and whether this build has it."""
+    name = vllm_profile(cfg) or vllm_profile_for(str(cfg.get("model_path", "") or ""), in_model_family)
+    if name in load("engines")["profiles"]:
+        return (f"vLLM log: engine profile {name} applies to this model (a scheduler dump of a release it models "
+                "is judged by it; other dumps as FlashMLA calls)")
+    return (f"vLLM log: judged with the vLLM profile {name} when it is present; this build has no such profile, so a "
+            "scheduler dump is checked as FlashMLA calls and nothing else of the log is judged")
+
+
+def diagnose_vllm_without_dump(ev: LogEvidence | None, cfg: EngineConfig, err: ErrorEvent | None, notes: list[str],
+                               sigs: list[dict], build: str | None) -> Diagnosis:
+    """A vLLM log with no SchedulerOutput dump: vLLM logs no per-step composition, so there is no step to
+    reconstruct; what the error line says is reported."""
+    notes.append(vllm_profile_note(cfg))
+    notes.append("no SchedulerOutput dump in the log: vLLM prints the crashing step only there, so no step is judged")
+    d = Diagnosis("vllm", [], err, False, "vLLM log without a scheduler dump", [], None, [], cfg, ev, None, notes)
+    d.explanation = build_explanation([], None, err, sigs, build)
+    return d
+
+
 def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
-                  notes: list[str]) -> Diagnosis:
+                  notes: list[str], targets: set[str], sigs: list[dict], build: str | None) -> Diagnosis:
     """vLLM's dump IS the crashing step; its rows are checked as one FlashMLA call with b = total
     scheduled tokens (vLLM's FP8 sparse MLA runs a whole mixed batch through the decode kernel)."""
     step = ev.vllm_steps[-1]
@@ -92,21 +131,21 @@ def diagnose_vllm(ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, ch
         if engine is None:
             notes.append(why)
         else:
-            return _diagnosis(profile_candidate(step, cfg, engine), ev, cfg, err, checker, notes)
+            return _diagnosis(profile_candidate(step, cfg, engine), ev, cfg, err, checker, notes, targets, sigs, build)
     c = Candidate("DP0", "vllm", f"the step vLLM dumped at line {step.line_no} (the crashing step)", "query rows",
                   rows, rows, rows, step.complete, basis, make, None, [None])
-    return _diagnosis(c, ev, cfg, err, checker, notes)
+    return _diagnosis(c, ev, cfg, err, checker, notes, targets, sigs, build)
 
 
 def _diagnosis(c: Candidate, ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent | None, checker: BisectChecker,
-               notes: list[str]) -> Diagnosis:
+               notes: list[str], targets: set[str], sigs: list[dict], build: str | None) -> Diagnosis:
     """Judge the dumped step's candidate, its boundary and the token cap that keeps it legal."""
     step = ev.vllm_steps[-1]
     make = c.make
     c_batch = {"requests": [r.to_dict() for r in step.requests]}
-    evaluate(c, checker, err)
+    evaluate(c, checker, targets)
     c.batch = {**(c.batch or {}), "vllm_step": c_batch}
-    explained = c if c.is_illegal else None
+    explained = c if c.is_illegal and c.matches_error else None
     fixes = []
     if explained is not None and c.boundary and c.boundary.largest_legal:
         L = c.boundary.largest_legal
@@ -114,8 +153,10 @@ def _diagnosis(c: Candidate, ev: LogEvidence, cfg: EngineConfig, err: ErrorEvent
                       "why": f"caps the tokens of one step at {L} rows", "verified": checker(make(L)).legal})
     elif explained is not None:
         notes.append("the step's token count is not what breaks the limit (see the findings and the safe split)")
-    else:
+    elif not c.is_illegal:
         notes.append("the dumped step does not break a modelled limit")
     notes.append("engine: vLLM (crash-time scheduler dump)")
-    return Diagnosis("vllm", ["flashmla-call"], err, False, "vLLM dumps the crashing step itself", [c], explained,
-                     fixes, cfg, ev, None, notes)
+    d = Diagnosis("vllm", ["flashmla-call"], err, False, "vLLM dumps the crashing step itself", [c], explained,
+                  fixes, cfg, ev, None, notes)
+    d.explanation = build_explanation([c], explained, err, sigs, build)
+    return d

@@ -46,6 +46,8 @@ def candidates_without_steps(b: Builder, cfg: EngineConfig, err: ErrorEvent | No
                                  "batch size", n, n, n, False, [f"crash dump: {n} unfinished request(s) with output"],
                                  make_d, None, list(b.versions)))
         return out
+    if cfg.entry_point == "sglang.bench_one_batch":
+        return bench_one_batch_steps(b, cfg)
     budget, bsrc = b.budget()
     if budget is not None:
         notes.append("no scheduler lines: judging the largest prefill the settings allow")
@@ -57,4 +59,30 @@ def candidates_without_steps(b: Builder, cfg: EngineConfig, err: ErrorEvent | No
                              None, list(b.versions)))
     else:
         notes.append("no scheduler lines and no chunked-prefill size: nothing to reconstruct a step from")
+    return out
+
+
+def _ints(v: object, default: int) -> list[int]:
+    vals = v if isinstance(v, list) else [v]
+    out = [x for x in vals if isinstance(x, int) and not isinstance(x, bool) and x > 0]
+    return out or [default]
+
+
+def bench_one_batch_steps(b: Builder, cfg: EngineConfig) -> list[Candidate]:
+    """``sglang.bench_one_batch`` runs, for each ``--batch-size`` and ``--input-len``, one extend forward of
+    batch-size requests of input-len tokens, unchunked (sglang 0.5.12 sglang/bench_one_batch.py:395-417 builds
+    the requests, 441-458 runs them as one extend; defaults 1 and 1024 at 189-190): each is an exact step."""
+    out = []
+    for bs in _ints(cfg.get("batch_size"), 1)[:4]:
+        for il in _ints(cfg.get("input_len"), 1024)[:4]:
+            rows = bs * il
+
+            def make(v: int, version: str | None, n=bs) -> dict:
+                return prefill_doc(b.profile, version, b.gpu, b.sa(), n, v, 0, 0, 1024,
+                                   f"bench_one_batch extend of {n} request(s) ({v} new tokens)")
+            basis = [f"sglang.bench_one_batch --batch-size {bs} --input-len {il}: one extend forward of {bs} request(s) "
+                     f"x {il} tokens = {rows} new tokens, not chunked"]
+            c = Candidate("DP0", "prefill", f"bench_one_batch's extend of {bs} x {il} tokens", "query rows",
+                          rows, rows, rows, True, basis, make, None, list(b.versions))
+            out.append(c)
     return out

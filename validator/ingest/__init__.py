@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 from ..errors import InputError
 from .crash_dump import CrashDump, read_crash_dump
-from .launch import EngineConfig, parse_launch, parse_server_arg_overrides
+from .launch import EngineConfig, entry_point, find_launch, parse_launch, parse_server_arg_overrides, unmarkdown
 from .scan import LogEvidence, scan_file, scan_lines, scan_stream
 
 __all__ = ["read_inputs", "build_config", "scan_file", "scan_lines", "read_crash_dump", "EngineConfig",
@@ -56,12 +56,13 @@ def build_config(evidence: LogEvidence | None, cdump: CrashDump | None, launch: 
         cfg.values.update(evidence.config.values)
         cfg.sources.update(evidence.config.sources)
         cfg.per_rank_chunk = evidence.config.per_rank_chunk
-        cfg.engine = evidence.config.engine or evidence.engine
+        cfg.engine = evidence.config.engine          # the engine its launch command / ServerArgs line names
+        cfg.entry_point = evidence.config.entry_point
         cfg.notes.extend(evidence.config.notes)
     if cdump is not None:
         if cdump.launch_command:
             try:
-                cfg.update(parse_launch(cdump.launch_command, "crash dump launch_command"),
+                cfg.update(parse_launch(cdump.launch_command, "crash dump launch_command", cfg.notes),
                            "crash dump (launch_command)", per_rank_chunk=False)
             except InputError as e:
                 cfg.notes.append(f"crash dump launch_command not read: {e}")
@@ -69,10 +70,14 @@ def build_config(evidence: LogEvidence | None, cdump: CrashDump | None, launch: 
             cfg.update(cdump.server_args, "crash dump (server_args)", per_rank_chunk=True)
         cfg.engine = cfg.engine or "sglang"
     if launch:
-        vals = parse_launch(launch, "--launch")
-        if not vals:
+        vals = parse_launch(launch, "--launch", cfg.notes)
+        if not vals and not cfg.notes:
             raise InputError("--launch", "no flags found in the launch command")
         cfg.update(vals, "--launch", per_rank_chunk=False)
+        hit = find_launch(unmarkdown(launch))
+        if hit is not None:
+            cfg.engine = hit[0]
+            cfg.entry_point = entry_point(unmarkdown(launch))
     overrides = parse_server_arg_overrides(server_args)
     if overrides:
         cfg.update(overrides, "--server-arg", per_rank_chunk=False)

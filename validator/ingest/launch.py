@@ -22,11 +22,16 @@ from ..names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, check_server_arg, norma
 from .reprparse import Call, parse_call_at, scalar
 
 LAUNCH_MARKERS = (
-    re.compile(r"(?:^|[\s/'\"])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.launch_server\b|\S*sglang/launch_server\.py\b"),
-    re.compile(r"(?:^|[\s/'\"])sglang\s+serve\b"),
-    re.compile(r"(?:^|[\s/'\"])(?:python3?(?:\.\d+)?\s+-m\s+)?vllm\.entrypoints\.openai\.api_server\b"),
-    re.compile(r"(?:^|[\s/'\"])vllm\s+serve\b"),
+    re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.launch_server\b|\S*sglang/launch_server\.py\b"),
+    re.compile(r"(?:^|[\s/'\"`])sglang\s+serve\b"),
+    re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.bench_one_batch\b"),
+    re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?vllm\.entrypoints\.openai\.api_server\b"),
+    re.compile(r"(?:^|[\s/'\"`])vllm\s+serve\b"),
 )
+SGLANG_MARKERS = 3          # the first three markers start an SGLang command, the others a vLLM one
+ENTRY_POINTS = ("sglang.launch_server", "sglang.bench_one_batch", "vllm.entrypoints.openai.api_server", "launch_server.py")
+# "<path>", "<your-model>", "${MODEL}", "$MODEL": a value the user left to be filled in.
+PLACEHOLDER = re.compile(r"^(?:<[^<>\s]+>|\$\{?\w+\}?|\.\.\.|…)$")
 MAX_LAUNCH_CHARS = 256 * 1024
 
 
@@ -41,6 +46,11 @@ def coerce(text: str) -> Any:
     return scalar(t)
 
 
+def entry_point(command: str) -> str | None:
+    """``sglang.bench_one_batch`` when the command runs it (one extend forward of the whole batch, not a server)."""
+    return "sglang.bench_one_batch" if LAUNCH_MARKERS[2].search(command) else None
+
+
 def find_launch(line: str) -> tuple[str, int] | None:
     """``(engine, offset)`` where a launch command starts in ``line``, or ``None``."""
     if "sglang" not in line and "vllm" not in line:
@@ -48,7 +58,7 @@ def find_launch(line: str) -> tuple[str, int] | None:
     for i, pat in enumerate(LAUNCH_MARKERS):
         m = pat.search(line)
         if m:
-            return ("sglang" if i < 2 else "vllm"), m.start()
+            return ("sglang" if i < SGLANG_MARKERS else "vllm"), m.start()
     return None
 
 
@@ -56,24 +66,39 @@ _SHELL_END = re.compile(r"^(?:\||&&|;|&|\|\||\d*[<>].*|&>.*)$")
 
 
 def _is_shell_end(tok: str) -> bool:
-    return bool(_SHELL_END.match(tok))
+    return bool(_SHELL_END.match(tok)) and not PLACEHOLDER.match(tok)
 
 
-def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
-    """Flags of an ``sglang.launch_server`` / ``sglang serve`` / ``vllm serve`` command -> {name: value}.
+def _flag(tok: str) -> bool:
+    """``--flag`` or a single-dash long flag as pasted (``-dp 8``, ``-tp``); not ``-1`` or ``-m``."""
+    return tok.startswith("--") or bool(re.match(r"-[A-Za-z][\w-]+(?:=|$)", tok))
 
-    ``--flag value``, ``--flag=value``, bare boolean flags and multi-value flags (a list) are
-    understood; a positional argument after ``serve`` is the model path.
+
+def unmarkdown(text: str) -> str:
+    """A command as pasted from markdown: code fences, inline backticks and a ``$ `` prompt removed."""
+    lines = [ln for ln in text.replace("\r\n", "\n").split("\n") if not ln.strip().startswith("```")]
+    out = " ".join(ln.strip().removeprefix("$ ").rstrip("\\").strip() for ln in lines)
+    return out.replace("`", " ")
+
+
+def parse_launch(command: str, where: str = "--launch", notes: list[str] | None = None) -> dict[str, Any]:
+    """Flags of an ``sglang.launch_server`` / ``sglang.bench_one_batch`` / ``sglang serve`` / ``vllm serve``
+    command -> {name: value}.
+
+    ``--flag value``, ``--flag=value``, single-dash long flags (``-dp 8``), bare boolean flags and
+    multi-value flags (a list) are understood; a positional argument after ``serve`` is the model
+    path; markdown backticks and code fences are removed. A value left as a placeholder (``<path>``,
+    ``$MODEL``) is not a setting: it is dropped, and said in ``notes`` when given.
     """
-    text = command.replace("\\\n", " ").replace("\\\r\n", " ")
+    text = unmarkdown(command.replace("\\\n", " ").replace("\\\r\n", " "))
     if len(text) > MAX_LAUNCH_CHARS:
         raise InputError(where, f"launch command longer than {MAX_LAUNCH_CHARS} characters")
     hit = find_launch(text)
     if hit is not None:
         text = text[hit[1]:]
-    elif not text.strip().startswith("--"):
-        raise InputError(where, "expected 'python -m sglang.launch_server ...', 'sglang serve ...', 'vllm serve ...' "
-                                f"or bare --flags, got {echo(text.strip()[:60])}")
+    elif not _flag(text.strip().split(" ", 1)[0]):
+        raise InputError(where, "expected 'python -m sglang.launch_server ...', 'sglang serve ...', 'vllm serve ...', "
+                                f"'python -m sglang.bench_one_batch ...' or bare --flags, got {echo(text.strip()[:60])}")
     try:
         toks = shlex.split(text, comments=False, posix=True)
     except ValueError:
@@ -81,7 +106,7 @@ def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
     # Drop everything up to the entry point.
     start = 0
     for i, t in enumerate(toks):
-        if t.endswith(("sglang.launch_server", "vllm.entrypoints.openai.api_server", "launch_server.py")) or (
+        if t.endswith(ENTRY_POINTS) or (
                 t == "serve" and i > 0 and toks[i - 1].endswith(("sglang", "vllm"))):
             start = i + 1
             break
@@ -92,18 +117,24 @@ def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
         t = toks[i]
         if _is_shell_end(t):
             break   # end of the command in a shell line
-        if not t.startswith("--"):
+        if not _flag(t):
             if i == 0 and "model_path" not in out:
-                out["model_path"] = t
+                if PLACEHOLDER.match(t):
+                    _placeholder(notes, where, "model_path", t)
+                else:
+                    out["model_path"] = t
             i += 1
             continue
-        name, eq, inline = t[2:].partition("=")
+        name, eq, inline = t.lstrip("-").partition("=")
         key = normalize_setting(name)
         if not key:
             i += 1
             continue
         if eq:
-            out[key] = coerce(inline)
+            if PLACEHOLDER.match(inline):
+                _placeholder(notes, where, key, inline)
+            else:
+                out[key] = coerce(inline)
             i += 1
             continue
         if key in BOOL_FLAG_SETTINGS:
@@ -117,15 +148,22 @@ def parse_launch(command: str, where: str = "--launch") -> dict[str, Any]:
             continue
         vals = []
         j = i + 1
-        while j < len(toks) and not toks[j].startswith("--") and not _is_shell_end(toks[j]):
+        while j < len(toks) and not _flag(toks[j]) and not _is_shell_end(toks[j]):
             vals.append(toks[j])
             j += 1
-        if not vals:
+        if vals and all(PLACEHOLDER.match(v) for v in vals):
+            _placeholder(notes, where, key, " ".join(vals))
+        elif not vals:
             out[key] = True
         else:
             out[key] = coerce(vals[0]) if len(vals) == 1 else [coerce(v) for v in vals]
         i = j
     return out
+
+
+def _placeholder(notes: list[str] | None, where: str, key: str, value: str) -> None:
+    if notes is not None:
+        notes.append(f"{where}: --{key.replace('_', '-')} {value} is a placeholder, not a value: {key} is not known")
 
 
 def parse_server_arg_overrides(items: Iterable[str]) -> dict[str, Any]:
@@ -174,6 +212,7 @@ class EngineConfig:
     values: dict[str, Any] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     engine: str | None = None          # "sglang" | "vllm" when known
+    entry_point: str | None = None     # the command's entry point when it is not a server (sglang.bench_one_batch)
     per_rank_chunk: bool = False       # chunked_prefill_size already divided by dp_size
     notes: list[str] = field(default_factory=list)
 
@@ -229,6 +268,7 @@ class EngineConfig:
         keys = [k for k in LAUNCH_SETTINGS if k in self.values]
         return {
             "engine": self.engine,
+            **({"entry_point": self.entry_point} if self.entry_point else {}),
             "values": {k: self.values[k] for k in keys},
             "sources": {k: self.sources[k] for k in keys},
             "chunked_prefill_size_per_rank": self.chunk_per_rank(),

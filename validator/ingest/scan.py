@@ -20,8 +20,8 @@ from .. import limits
 from ..errors import InputError
 from ..limits import parse_int
 from ..names import normalize_setting
-from .crash_lines import ErrorEvent, classify_error
-from .launch import DP_CHUNK_WARNING, EngineConfig, find_launch, parse_launch, server_args_from_line
+from .crash_lines import TMA_FIELD, ErrorEvent, classify_error
+from .launch import DP_CHUNK_WARNING, EngineConfig, entry_point, find_launch, parse_launch, server_args_from_line
 from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
 from .vllm_dump import MARKER as VLLM_MARKER
 from .vllm_dump import VllmStep, parse_scheduler_output
@@ -40,6 +40,9 @@ _VLLM_CONFIG = re.compile(r"\b(max_num_batched_tokens|max_num_seqs|max_model_len
 # names a vLLM profile is recognised by and reads
 _VLLM_VERSION = re.compile(r"(?:vLLM API server version |V1 LLM engine \(v)(\d+\.\d+(?:\.\d+)?)")
 _VLLM_NAMES = re.compile(r"\b(model|kv_cache_dtype|attention_backend)'?\s*[=:]\s*'([^']{1,200})'")
+# vLLM's log line "(PROC pid=N) LEVEL MM-DD HH:MM:SS [FILE:LINE] MESSAGE" (vllm 0.33.0 vllm/logger.py:28-33).
+_VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\)\s+)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)? \[[\w./-]+:\d+\]")
+_VLLM_MODEL = re.compile(r"'model': '([^']+)'")
 
 
 @dataclass
@@ -168,6 +171,7 @@ class LogScanner:
         self._vllm_buf: list[str] | None = None
         self._vllm_line = 0
         self._vllm_waiting = 0
+        self._tma: ErrorEvent | None = None     # an open TMA descriptor dump: its field lines follow
 
     @property
     def evidence(self) -> LogEvidence:
@@ -199,6 +203,8 @@ class LogScanner:
         if not line.strip():
             ev.counts["blank"] += 1
             return
+        if ev.engine is None and _VLLM_LINE.match(line):
+            ev.engine = "vllm"     # the log's own format says which engine wrote it
         prefix = parse_prefix(line)
         if prefix is not None:
             # Unprefixed lines that follow a prefixed exception line (a traceback) belong to its rank;
@@ -233,6 +239,7 @@ class LogScanner:
             self._launch_buf = [line[hit[1]:]]
             self._launch_line = no
             ev.config.engine = ev.config.engine or hit[0]
+            ev.config.entry_point = ev.config.entry_point or entry_point(line)
             if not line.rstrip().endswith("\\"):
                 self._finish_launch()
             ev.counts["config"] += 1
@@ -241,6 +248,11 @@ class LogScanner:
             m = _VLLM_VERSION.search(line)
             if m:
                 ev.engine_version = m.group(1)
+        if "non-default args:" in line:
+            m = _VLLM_MODEL.search(line)
+            if m:
+                ev.config.update({"model_path": m.group(1)}, f"{ev.name}:{no} (vLLM non-default args)")
+                ev.config.engine = ev.config.engine or "vllm"
         if "max_num_batched_tokens" in line or "max_num_seqs" in line:
             vals = {normalize_setting(k): parse_int(v, k) for k, v in _VLLM_CONFIG.findall(line)}
             vals.update((normalize_setting(k), v) for k, v in _VLLM_NAMES.findall(line))
@@ -248,11 +260,38 @@ class LogScanner:
                 ev.config.update(vals, f"{ev.name}:{no} (vLLM config)")
                 ev.counts["config"] += 1
                 return
+        if self._tma is not None and self._tma_line(line, no):
+            return
         got = classify_error(line)
         if got is not None:
             self._error(line, no, prefix, *got)
             return
         ev.counts["other"] += 1
+
+    def _tma_line(self, line: str, no: int) -> bool:
+        """A field line of the open TMA descriptor dump (``globalDim  (512,64,0,1,1)``) or its closing
+        ``Failed to initialize the TMA descriptor N`` line: both become part of the dump's error."""
+        e = self._tma
+        assert e is not None
+        if no - e.numbers.get("last_line", e.line_no) > 2:
+            self._tma = None
+            return False
+        m = TMA_FIELD.match(line)
+        got = None if m else classify_error(line)
+        if m:
+            e.numbers.setdefault("descriptor", {})[m.group("key")] = m.group("value")
+            dims = re.findall(r"-?\d+", m.group("value")) if m.group("key") == "globalDim" else []
+            if dims and any(int(x) == 0 for x in dims):
+                e.numbers["zero_extent"] = True
+        elif got is not None and got[0] == "tma_descriptor" and "tma_result" in got[1]:
+            e.numbers["tma_result"] = got[1]["tma_result"]
+            self._tma = None
+        else:
+            self._tma = None
+            return False
+        e.numbers["last_line"] = no
+        self.ev.counts["error"] += 1
+        return True
 
     def _batch_line(self, line: str, no: int, prefix) -> None:
         ev = self.ev
@@ -306,13 +345,14 @@ class LogScanner:
             ev.errors_tail.append(e)
         if rank is not None and not inferred:
             ev.first_error_by_rank.setdefault(rank, e)
+        self._tma = e if kind == "tma_descriptor" and "descriptor_address" in nums else None
 
     # ------------------------------------------------------------------ multi-line items
     def _finish_launch(self) -> None:
         buf, self._launch_buf = self._launch_buf or [], None
         text = " ".join(x.rstrip().rstrip("\\") for x in buf)
         try:
-            vals = parse_launch(text, f"{self.ev.name}:{self._launch_line}")
+            vals = parse_launch(text, f"{self.ev.name}:{self._launch_line}", self.ev.config.notes)
         except InputError as e:
             self.ev.notes.append(f"line {self._launch_line}: launch command not read: {e}")
             return
