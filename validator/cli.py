@@ -240,7 +240,10 @@ def check(
     * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 4096,4096,4096 --decode 1 --server-arg enable_mixed_chunk=true`
 
     * `validate-batch check --engine vllm-dsv4 --mode target_verify --decode 2906 --server-arg speculative_num_draft_tokens=4 --server-arg num_speculative_tokens=3`
+
     * `validate-batch check --engine sglang-dsv4@0.5.23 --extend 11640 --env SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=0 --kernel-gen flashmla-9241ae3`
+
+    * `validate-batch check --engine sglang-dsv4@pre-25418 --extend 20000,3000 --server-arg chunked_prefill_size=16384` (checked as the engine's chunk steps)
 
     * `validate-batch check --example pd-decode-slot-96 --reproduce`
 
