@@ -343,6 +343,8 @@ def _docstring_examples() -> list[tuple[str, list[str], str | None]]:
             out.append((m.group(1), m.group(1).split(), None))
         for m in re.finditer(r"`validate-batch check --example ([\w-]+)`", doc):
             out.append((f"example-{m.group(1)}", ["check", "--example", m.group(1)], None))
+        for m in re.finditer(r"`validate-batch (check --engine [^`]+)`", doc):      # quick batches from flags
+            out.append((m.group(1), m.group(1).split(), None))
     return out
 
 
@@ -356,6 +358,7 @@ def test_help_examples_run(name, args, stdin):
 def test_help_examples_were_found():
     names = [x[0] for x in _docstring_examples()]
     assert "metadata-stdin" in names and "check-stdin" in names and "rules" in names
+    assert sum(n.startswith("check --engine") for n in names) >= 4
 
 
 def test_version_says_which_implementation_runs(monkeypatch):
