@@ -114,8 +114,8 @@ def probe_step(batch: Batch) -> Batch:
                    running=(), padded_rows=None)
 
 
-def _codes(pred) -> frozenset:
-    return frozenset(r.code for r in forward_rules() if pred(r.reads))
+def _codes(pred, kinds: frozenset) -> frozenset:
+    return frozenset(r.code for r in forward_rules(kinds) if pred(r.reads))
 
 
 def _edge(legal, hint: int, lo: int, cap: int) -> int:
@@ -137,7 +137,8 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     for prof, _, part in setup.parts:
         hints.update(prof.bound_hints(part, bp))
     covered = COVERED | setup.guarantees
-    undecided = tuple(r.code for r in forward_rules() if not r.reads <= covered)
+    kinds = setup.call_kinds
+    undecided = tuple(r.code for r in forward_rules(kinds) if not r.reads <= covered)
     has_rows, has_slots = "rows" in setup.provides, "slots" in setup.provides
 
     max_rows = threshold = slow_above = None
@@ -145,7 +146,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     routed_ok = decode_ok
     if has_rows:
         shapes = any(p.shape_grows_with_rows for p in setup.profiles)
-        only = _codes(lambda q: ("rows" in q and q <= {"rows", "config"}) or (shapes and q == {"config"}))
+        only = _codes(lambda q: ("rows" in q and q <= {"rows", "config"}) or (shapes and q == {"config"}), kinds)
 
         def rows_legal(r: int) -> bool:
             # r decode entries of length 1, held as one broadcast value (no per-row memory)
@@ -155,11 +156,12 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_rows = _edge(rows_legal, hints["max_rows"], 1, MAX_ROWS)
         threshold = hints.get("threshold")
-        sched_rules = [r for r in forward_rules() if "schedule" in r.reads]
+        sched_rules = [r for r in forward_rules(kinds) if "schedule" in r.reads]
         sched_free = max_rows
         slow = [dc.plan.fast_sched_rows for dc in bp.calls if dc.plan.is_decode and dc.plan.falls_back]
+        flashmla = [dc for dc in bp.calls if getattr(dc.plan, "rule_kind", "flashmla") == "flashmla"]
         slow_above = min(slow) if slow else None
-        for dc in bp.calls:
+        for dc in flashmla:
             for r in sched_rules:
                 safe = r.safe_rows(dc.plan) if r.safe_rows is not None else 0
                 if safe is not None:
@@ -170,7 +172,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
             routed_ok = evaluate(routed, kernel, setup=setup).legal
     max_slot = None
     if has_slots:
-        only = _codes(lambda q: "slots" in q and q <= {"slots", "config"})
+        only = _codes(lambda q: "slots" in q and q <= {"slots", "config"}, kinds)
 
         def slot_legal(s: int) -> bool:
             step = replace(template, requests=RequestColumns(1, ["probe"], None, None, [1], [s], 0))

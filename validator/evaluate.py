@@ -47,6 +47,11 @@ class EngineSetup:
         return build(None)["name"]
 
     @property
+    def call_kinds(self) -> frozenset:
+        """The kinds of call rules the profiles' derived calls are judged by."""
+        return frozenset().union(*(p.call_kinds for p in self.profiles)) if self.parts else frozenset({"flashmla"})
+
+    @property
     def guarantees(self) -> frozenset:
         """Rule inputs every profile of the batch keeps within their limits."""
         gs = [p.guarantees for p in self.profiles]
@@ -92,7 +97,8 @@ def call_findings(bp: BatchPlan, only: frozenset | None = None) -> list[Finding]
     out = []
     for key in order:
         f, names = merged[key]
-        subj = f"FlashMLA call(s) {', '.join(names)} of this {bp.batch.forward_mode} forward"
+        lib = next((getattr(dc.plan, "library", "FlashMLA") for dc in bp.calls if dc.name in names), "FlashMLA")
+        subj = f"{lib} call(s) {', '.join(names)} of this {bp.batch.forward_mode} forward"
         out.append(Finding(f.code, f.severity, f.message, subj, f.numbers, f.fix, f.failure, f.source))
     return out
 
