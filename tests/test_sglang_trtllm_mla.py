@@ -18,8 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 import validator
+from validator.bisect.profiles import choose_profile
 from validator.cli import app
 from validator.errors import InputError
+from validator.ingest.launch import EngineConfig, parse_launch
 
 Z_MAX = 2**16 - 1          # CUDA's largest gridDim.z
 ENGINE = "sglang-trtllm-mla"
@@ -118,3 +120,15 @@ def test_guard_keeps_its_fast_path_and_falls_back_for_verify_rows():
     assert guard.verdict("target_verify", seq_lens=[100] * 20000).legal
     assert not guard.verdict("target_verify", seq_lens=[100] * (Z_MAX + 1)).legal
 
+
+def test_bisect_picks_the_profile_from_the_decode_backend():
+    def cfg(cmd: str) -> EngineConfig:
+        c = EngineConfig()
+        c.update(parse_launch(cmd), "launch")
+        return c
+    base = "python -m sglang.launch_server --model-path deepseek-ai/DeepSeek-R1 "
+    for flags in ("--attention-backend trtllm_mla", "--decode-attention-backend TRTLLM_MLA"):
+        prof, why = choose_profile(cfg(base + flags), None, None, None)
+        assert prof == [ENGINE] and "trtllm_mla" in why
+    prof, _ = choose_profile(cfg(base + "--attention-backend flashinfer"), None, None, None)
+    assert prof != [ENGINE]
