@@ -132,3 +132,10 @@ def test_bisect_picks_the_profile_from_the_decode_backend():
         assert prof == [ENGINE] and "trtllm_mla" in why
     prof, _ = choose_profile(cfg(base + "--attention-backend flashinfer"), None, None, None)
     assert prof != [ENGINE]
+
+
+def test_verify_split_is_minimal_in_requests():
+    # 70000 requests x 4 draft tokens: the limit is 65535 requests per call, so two steps of whole requests
+    n = 70000
+    rep = validator.check(doc("target_verify", n, server_args={"speculative_num_draft_tokens": 4}))
+    assert [len(s) for s in rep.safe_split.steps] == [Z_MAX, n - Z_MAX]

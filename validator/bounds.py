@@ -62,6 +62,7 @@ class StepBounds:
     undecided: tuple                  # rules no bound covers: the guard runs the full check for them
     slow_above: int | None = None     # above this many rows the build's scheduler falls back (legal, slow)
     routed_full: bool = False         # routed forwards are not decided by their rows (late-layer tails)
+    row_modes: tuple | None = None    # the modes whose rows are what ``max_rows`` bounds (None: every mode)
 
     @property
     def complete(self) -> bool:
@@ -91,8 +92,12 @@ class StepBounds:
         thr = self.threshold
         if thr is not None and rows > thr and mode in ROUTABLE_MODES:
             return None if self.routed_full else self.routed_ok
-        if rows > self.max_rows or not self.decode_ok:
+        if not self.decode_ok:
             return False
+        if rows > self.max_rows:
+            # in a mode whose kernel limit is not on its rows (rows >= the bounded quantity), only a full
+            # check can say it is illegal
+            return None if self.row_modes is not None and mode not in self.row_modes else False
         if rows > self.sched_free_rows:
             return None
         return True
@@ -103,6 +108,8 @@ class StepBounds:
         if not self.complete or not self.has_rows or self.has_slots or not self.decode_ok:
             return None
         if self.routed_full and mode in ROUTABLE_MODES and self.threshold is not None:
+            return None
+        if self.row_modes is not None and mode not in self.row_modes:
             return None
         thr = self.threshold if (mode in ROUTABLE_MODES and self.routed_ok) else None
         return RowRule(self.max_rows, thr, merged)
@@ -180,4 +187,5 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_slot = _edge(slot_legal, hints["max_slot"], 0, 1 << 31)
     return StepBounds(gen, has_rows, has_slots, max_rows, threshold, max(sched_free, 0), max_slot, decode_ok,
-                      routed_ok, static, undecided, slow_above, has_rows and not hints.get("routed_by_rows", True))
+                      routed_ok, static, undecided, slow_above, has_rows and not hints.get("routed_by_rows", True),
+                      hints.get("row_modes"))

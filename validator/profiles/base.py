@@ -94,8 +94,9 @@ class Profile:
 
     def bound_hints(self, setup: Any, bp: BatchPlan) -> dict:
         """The bounds the configuration puts on the quantities this profile provides, as the profile
-        knows them (``max_rows``, ``threshold``; ``max_slot``). :mod:`validator.bounds` verifies
-        them against the rules and searches when they disagree."""
+        knows them (``max_rows``, ``threshold``; ``max_slot``; ``row_modes``: the forward modes
+        whose query rows are what ``max_rows`` bounds, when the limit is on another count in the
+        others). :mod:`validator.bounds` verifies them against the rules and searches when they disagree."""
         return {}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:

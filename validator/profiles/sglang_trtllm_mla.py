@@ -110,7 +110,9 @@ class SglangTrtllmMlaProfile(Profile):
         bp.calls.append(DerivedCall("decode", call, p, "trtllm_gen_decode"))
 
     def bound_hints(self, setup: TrtllmMlaSetup, bp: BatchPlan) -> dict:
-        return {"max_rows": setup.max_batch, "threshold": None}
+        # the limit is on the kernel's batch: the query rows of a decode, but only at most the rows of a
+        # verify or draft-extend forward (several tokens per request), whose steps take the full check
+        return {"max_rows": setup.max_batch, "threshold": None, "row_modes": ("decode",)}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
         b = bp.routing.get("trtllm_batch")
