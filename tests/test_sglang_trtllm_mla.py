@@ -139,3 +139,10 @@ def test_verify_split_is_minimal_in_requests():
     n = 70000
     rep = validator.check(doc("target_verify", n, server_args={"speculative_num_draft_tokens": 4}))
     assert [len(s) for s in rep.safe_split.steps] == [Z_MAX, n - Z_MAX]
+
+
+def test_report_names_the_flashinfer_facts_not_a_flashmla_build():
+    r = CliRunner().invoke(app, ["check", "--engine", ENGINE, "--mode", "decode", "--decode", "3", "--json"])
+    d = json.loads(r.stdout)
+    assert d["kernel_build"].startswith("flashinfer-")
+    assert d["kernel_calls"][0]["kernel"] == "trtllm_batch_decode_with_kv_cache_mla"

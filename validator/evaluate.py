@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .batch import Batch
+from .flashinfer.calls import version as flashinfer_version
 from .knowledge import build
 from .profiles import BatchPlan, get_profile, resolve_version
 from .report import Finding, Report
@@ -39,11 +40,16 @@ class EngineSetup:
 
     @property
     def kernel_build(self) -> str:
-        """The FlashMLA build the calls run on (named, or the one the engine version ships)."""
+        """The FlashMLA build the calls run on (named, or the one the engine version ships); for
+        profiles that derive only FlashInfer calls, the FlashInfer version whose facts judge them."""
         for _, _, part in self.parts:
             k = getattr(part, "kernel", None)
             if k is not None:
                 return build(k)["name"]
+        if self.parts and "flashmla" not in self.call_kinds:
+            fi = next((getattr(part, "flashinfer", None) for _, _, part in self.parts
+                       if getattr(part, "flashinfer", None) is not None), None)
+            return flashinfer_version(fi)["name"]
         return build(None)["name"]
 
     @property
