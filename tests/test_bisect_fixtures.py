@@ -8,9 +8,13 @@ Ground truth, written here rather than read from the code under test:
   flash_mla_sparse_fwd with 0 rows fails its TMA descriptor (measured: oracle
   flashmla_h200_sparse_prefill_probes.jsonl and sglfm_h200_probes.jsonl);
 * a cut-off error line must say "not explained" (its visible part fits several rules); a FlashInfer
-  error and a pre-#182 combine grid error have the signature of a rule (FI001, FI002, FMLA017) but their
-  logs hold no step that breaks it (no profile routes a step to FlashInfer; a vLLM log without its
-  scheduler dump holds no step): they say "not explained" with the rule whose signature matched.
+  plan() error and a pre-#182 combine grid error have the signature of a rule (FI002, FMLA017) but their
+  logs hold no step that breaks it (the negative query length is not in the log; a vLLM log without its
+  scheduler dump holds no step): they say "not explained" with the rule whose signature matched;
+* the trtllm-gen launch error comes from a 65536-request decode under --attention-backend trtllm_mla:
+  that backend passes the decode batch as the kernel's batch (sglang 0.5.23
+  srt/layers/attention/trtllm_mla_backend.py:821, :1323-1324, :1350-1362), which the kernel puts on
+  gridDim.z, at most 2**16 - 1 = 65535 (CUDA's grid limit): 65536 breaks FI001 by one.
 
 Regenerate a golden view after a reviewed change with ``python tests/test_bisect_fixtures.py NAME.log``.
 """
@@ -49,9 +53,10 @@ TRUTH = {
     # FI002's signature (the plan() input contract) matches; the step with the negative query length is
     # not in the log, so the status stays not_explained.
     "sglang-flashinfer-plan-after-completed-prefill.log": (set(), "not_explained"),
-    # FI001's signature (trtllm-gen grid, batch <= 65535) matches; no engine profile routes the decode step
-    # of 65536 requests to FlashInfer, so no step breaks it: not explained.
-    "sglang-flashinfer-trtllm-launch-error.log": (set(), "not_explained"),
+    # FI001's signature (trtllm-gen grid, batch <= 65535) matches and the sglang-trtllm-mla profile (picked
+    # from --attention-backend trtllm_mla) runs the 65536-request decode as one trtllm-gen call of batch
+    # 65536 > 2**16 - 1: explained by FI001.
+    "sglang-flashinfer-trtllm-launch-error.log": ({"FI001"}, "explained"),
     # FMLA017's signature (1408756's combine grid) matches mla_combine.cu:201; no step is in a vLLM log
     # without its scheduler dump, so the status stays not_explained.
     "vllm-mla-combine-grid.log": (set(), "not_explained"),
@@ -182,14 +187,22 @@ def test_completed_prefill_is_never_the_crash_and_the_flashinfer_plan_error_is_n
     assert d["explanation"]["signature_matches"] == ["FI002"]
 
 
-def test_flashinfer_trtllm_launch_error_is_recognised_as_silent():
+def test_flashinfer_trtllm_launch_error_is_explained_by_the_grid_rule():
     rc, d = bisect_json("sglang-flashinfer-trtllm-launch-error.log")
     rec = d["explanation"]["recognised"]
     assert rec["kind"] == "flashinfer_launch" and rec["failure"] == "launch_error_silent"
     assert (rec["file"], rec["source_line"], rec["error_code"]) == ("fmhaKernels.cuh", 451, "CUDA_ERROR_INVALID_VALUE")
-    # the trtllm-gen grid rule's signature matches; no step of the log is routed to FlashInfer: not explained
-    assert d["explanation"]["signature_matches"] == ["FI001"] and rc == 0 and d["crashing_step"] is None
-    assert any("--attention-backend trtllm_mla" in n for n in d["notes"])
+    # the launch command's --attention-backend trtllm_mla picks the profile that routes decode to FlashInfer
+    assert d["profile"] == ["sglang-trtllm-mla"]
+    assert d["explanation"]["signature_matches"] == ["FI001"] and rc == 1 and d["rule"] == ["FI001"]
+    step = d["crashing_step"]
+    # the Decode line at line 4 shows 65536 running requests; --max-running-requests 98304 allows more
+    assert step["from_line"] == 4 and step["range"] == [65536, 98304] and step["likely"] == 65536
+    top = 2**16 - 1                      # CUDA's gridDim.z limit: the batch axis of the trtllm-gen launch
+    assert (d["boundary"]["largest_legal"], d["boundary"]["first_illegal"]) == (top, top + 1)
+    # the FlashMLA caveat about other backends no longer applies: the profile models this backend
+    assert not any("verdicts of FlashMLA rules" in n for n in d["notes"])
+    assert any("no version for SGLang 0.5.12" in n for n in d["notes"])
 
 
 def test_vllm_combine_grid_error_is_judged_as_vllm_and_matches_no_combine_rule():

@@ -399,6 +399,13 @@ def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
     return tuple(out)
 
 
+def default_gpu(profiles: Sequence[tuple[str, str | None]]) -> str:
+    """The GPU a batch without one runs on: the first profile's ``default_gpu`` (a backend that runs
+    only on one architecture), else H200."""
+    entries = load("engines")["profiles"]
+    return next((entries[n]["default_gpu"] for n, _ in profiles if "default_gpu" in entries[n]), "H200")
+
+
 def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     """Validate a batch document. Raises :class:`InputError` naming the bad field."""
     if not isinstance(doc, Mapping):
@@ -411,7 +418,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     if "engine" not in doc and "profile" not in doc:
         raise InputError("engine", "missing (an engine profile such as sglang-dsv4 or sglang-slots)")
     profiles = parse_engine(doc.get("engine", doc.get("profile")))
-    g = resolve_gpu(gpu if gpu is not None else doc.get("gpu", "H200"))
+    g = resolve_gpu(gpu if gpu is not None else doc.get("gpu", default_gpu(profiles)))
     sa_raw = doc.get("server_args") or {}
     if not isinstance(sa_raw, Mapping):
         raise InputError("server_args", f"expected an object of engine flags, got {echo(sa_raw)}")

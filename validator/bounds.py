@@ -62,6 +62,7 @@ class StepBounds:
     undecided: tuple                  # rules no bound covers: the guard runs the full check for them
     slow_above: int | None = None     # above this many rows the build's scheduler falls back (legal, slow)
     routed_full: bool = False         # routed forwards are not decided by their rows (late-layer tails)
+    row_modes: tuple | None = None    # the modes whose rows are what ``max_rows`` bounds (None: every mode)
 
     @property
     def complete(self) -> bool:
@@ -91,8 +92,12 @@ class StepBounds:
         thr = self.threshold
         if thr is not None and rows > thr and mode in ROUTABLE_MODES:
             return None if self.routed_full else self.routed_ok
-        if rows > self.max_rows or not self.decode_ok:
+        if not self.decode_ok:
             return False
+        if rows > self.max_rows:
+            # in a mode whose kernel limit is not on its rows (rows >= the bounded quantity), only a full
+            # check can say it is illegal
+            return None if self.row_modes is not None and mode not in self.row_modes else False
         if rows > self.sched_free_rows:
             return None
         return True
@@ -104,6 +109,8 @@ class StepBounds:
             return None
         if self.routed_full and mode in ROUTABLE_MODES and self.threshold is not None:
             return None
+        if self.row_modes is not None and mode not in self.row_modes:
+            return None
         thr = self.threshold if (mode in ROUTABLE_MODES and self.routed_ok) else None
         return RowRule(self.max_rows, thr, merged)
 
@@ -114,8 +121,8 @@ def probe_step(batch: Batch) -> Batch:
                    running=(), padded_rows=None)
 
 
-def _codes(pred) -> frozenset:
-    return frozenset(r.code for r in forward_rules() if pred(r.reads))
+def _codes(pred, kinds: frozenset) -> frozenset:
+    return frozenset(r.code for r in forward_rules(kinds) if pred(r.reads))
 
 
 def _edge(legal, hint: int, lo: int, cap: int) -> int:
@@ -137,7 +144,8 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     for prof, _, part in setup.parts:
         hints.update(prof.bound_hints(part, bp))
     covered = COVERED | setup.guarantees
-    undecided = tuple(r.code for r in forward_rules() if not r.reads <= covered)
+    kinds = setup.call_kinds
+    undecided = tuple(r.code for r in forward_rules(kinds) if not r.reads <= covered)
     has_rows, has_slots = "rows" in setup.provides, "slots" in setup.provides
 
     max_rows = threshold = slow_above = None
@@ -145,7 +153,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
     routed_ok = decode_ok
     if has_rows:
         shapes = any(p.shape_grows_with_rows for p in setup.profiles)
-        only = _codes(lambda q: ("rows" in q and q <= {"rows", "config"}) or (shapes and q == {"config"}))
+        only = _codes(lambda q: ("rows" in q and q <= {"rows", "config"}) or (shapes and q == {"config"}), kinds)
 
         def rows_legal(r: int) -> bool:
             # r decode entries of length 1, held as one broadcast value (no per-row memory)
@@ -155,11 +163,12 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_rows = _edge(rows_legal, hints["max_rows"], 1, MAX_ROWS)
         threshold = hints.get("threshold")
-        sched_rules = [r for r in forward_rules() if "schedule" in r.reads]
+        sched_rules = [r for r in forward_rules(kinds) if "schedule" in r.reads]
         sched_free = max_rows
         slow = [dc.plan.fast_sched_rows for dc in bp.calls if dc.plan.is_decode and dc.plan.falls_back]
+        flashmla = [dc for dc in bp.calls if getattr(dc.plan, "rule_kind", "flashmla") == "flashmla"]
         slow_above = min(slow) if slow else None
-        for dc in bp.calls:
+        for dc in flashmla:
             for r in sched_rules:
                 safe = r.safe_rows(dc.plan) if r.safe_rows is not None else 0
                 if safe is not None:
@@ -170,7 +179,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
             routed_ok = evaluate(routed, kernel, setup=setup).legal
     max_slot = None
     if has_slots:
-        only = _codes(lambda q: "slots" in q and q <= {"slots", "config"})
+        only = _codes(lambda q: "slots" in q and q <= {"slots", "config"}, kinds)
 
         def slot_legal(s: int) -> bool:
             step = replace(template, requests=RequestColumns(1, ["probe"], None, None, [1], [s], 0))
@@ -178,4 +187,5 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
 
         max_slot = _edge(slot_legal, hints["max_slot"], 0, 1 << 31)
     return StepBounds(gen, has_rows, has_slots, max_rows, threshold, max(sched_free, 0), max_slot, decode_ok,
-                      routed_ok, static, undecided, slow_above, has_rows and not hints.get("routed_by_rows", True))
+                      routed_ok, static, undecided, slow_above, has_rows and not hints.get("routed_by_rows", True),
+                      hints.get("row_modes"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .batch import Batch
+from .flashinfer.calls import version as flashinfer_version
 from .knowledge import build
 from .profiles import BatchPlan, get_profile, resolve_version
 from .report import Finding, Report
@@ -39,12 +40,22 @@ class EngineSetup:
 
     @property
     def kernel_build(self) -> str:
-        """The FlashMLA build the calls run on (named, or the one the engine version ships)."""
+        """The FlashMLA build the calls run on (named, or the one the engine version ships); for
+        profiles that derive only FlashInfer calls, the FlashInfer version whose facts judge them."""
         for _, _, part in self.parts:
             k = getattr(part, "kernel", None)
             if k is not None:
                 return build(k)["name"]
+        if self.parts and "flashmla" not in self.call_kinds:
+            fi = next((getattr(part, "flashinfer", None) for _, _, part in self.parts
+                       if getattr(part, "flashinfer", None) is not None), None)
+            return flashinfer_version(fi)["name"]
         return build(None)["name"]
+
+    @property
+    def call_kinds(self) -> frozenset:
+        """The kinds of call rules the profiles' derived calls are judged by."""
+        return frozenset().union(*(p.call_kinds for p in self.profiles)) if self.parts else frozenset({"flashmla"})
 
     @property
     def guarantees(self) -> frozenset:
@@ -92,7 +103,8 @@ def call_findings(bp: BatchPlan, only: frozenset | None = None) -> list[Finding]
     out = []
     for key in order:
         f, names = merged[key]
-        subj = f"FlashMLA call(s) {', '.join(names)} of this {bp.batch.forward_mode} forward"
+        lib = next((getattr(dc.plan, "library", "FlashMLA") for dc in bp.calls if dc.name in names), "FlashMLA")
+        subj = f"{lib} call(s) {', '.join(names)} of this {bp.batch.forward_mode} forward"
         out.append(Finding(f.code, f.severity, f.message, subj, f.numbers, f.fix, f.failure, f.source))
     return out
 

@@ -198,7 +198,7 @@ class Checker:
     Raises :class:`InputError` (naming the field) for malformed configuration or input.
     """
 
-    def __init__(self, engine: Any = None, gpu: Any = "H200", server_args: Any = None, *,
+    def __init__(self, engine: Any = None, gpu: Any = None, server_args: Any = None, *,
                  model: Mapping | None = None, buffers: list | None = None, kernel: str | None = None,
                  split: bool = True, kernel_build: str | None = None):
         if model is not None and not isinstance(model, Mapping):

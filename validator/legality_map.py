@@ -223,7 +223,7 @@ def _checker(src: Source, kernel_build: str | None, extra_args: Mapping | None =
     doc = src.doc
     sa = dict(doc.get("server_args") or {})
     sa.update(extra_args or {})
-    gpu = src.gpu if src.gpu is not None else doc.get("gpu", "H200")
+    gpu = src.gpu if src.gpu is not None else doc.get("gpu")     # None: the profile's default GPU
     return Checker(engine=doc.get("engine"), gpu=gpu, server_args=sa, model=doc.get("model") or None,
                    buffers=doc.get("buffers") or None, kernel_build=kernel_build or doc.get("kernel_build"),
                    split=False)

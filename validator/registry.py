@@ -131,14 +131,15 @@ def all_rules() -> list[Rule]:
     return [REGISTRY[c] for c in sorted(REGISTRY)]
 
 
-#: the kinds of call subjects an engine forward derives (the engine profiles' kernel calls)
+#: the kinds of call subjects an engine forward derives by default (a profile names its own in
+#: ``Profile.call_kinds``)
 FORWARD_KINDS = frozenset({"flashmla"})
 
 
-def forward_rules() -> list[Rule]:
+def forward_rules(kinds: frozenset = FORWARD_KINDS) -> list[Rule]:
     """The rules that can judge an engine forward: batch rules and the call rules of the kinds the
-    engine profiles derive (rules over tensors an engine passes are checked on their own)."""
-    return [r for r in all_rules() if r.scope == "batch" or r.subject in FORWARD_KINDS]
+    engine profiles derive (``kinds``; rules over tensors an engine passes are checked on their own)."""
+    return [r for r in all_rules() if r.scope == "batch" or r.subject in kinds]
 
 
 def get_rule(code: str) -> Rule | None:

@@ -9,7 +9,7 @@ from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
-from ..profiles import provided_by
+from ..profiles import get_profile, provided_by
 from .boundary import BisectChecker
 from .builder import Builder
 from .consistency import budget_check, cross_check, survival_check
@@ -17,7 +17,7 @@ from .evaluate import add_headroom, evaluate
 from .explain import build_explanation, completed_reason, error_targets
 from .fixes import propose_fixes
 from .kernel import kernel_hook
-from .profiles import choose_profile, versions_to_try
+from .profiles import backend_profile, choose_profile, versions_known, versions_to_try
 from .results import Candidate, Diagnosis
 from .vllm import diagnose_vllm, diagnose_vllm_without_dump, engine_of, vllm_profile_note
 from .without_steps import candidates_without_steps
@@ -70,6 +70,10 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     profile, why_profile = choose_profile(cfg, err, opts.engine, evidence)
     era = evidence.era() if evidence is not None else None
     versions, after, vbasis = versions_to_try(opts.sglang_version, era, cfg.entry_point)
+    versions, dropped = versions_known(profile, versions)
+    if dropped:
+        notes.append(f"profile {', '.join(profile)} has no version for SGLang {', '.join(dropped)} (the releases that "
+                     f"stand for this log's format): checked as {', '.join(str(v) for v in versions)} only")
     eras_seen = list(evidence.era_examples.values()) if evidence is not None else []
     clash = any(not a.compatible(b) for a in eras_seen for b in eras_seen)
     if clash and not opts.sglang_version:
@@ -135,11 +139,13 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
                      "checker (the settings may be incomplete - pass --launch / --server-arg - or the cause is "
                      "outside the modelled limits)")
     lib = err.numbers.get("library") if err is not None else None
-    if lib and lib not in ("flashmla", "cutlass") and explained is None:
+    if lib and lib not in ("flashmla", "cutlass") and explained is None and not any(
+            k.startswith(lib) for p in profile for k in get_profile(p).call_kinds):
         notes.append(f"the error comes from {lib}, not from FlashMLA: profile {', '.join(profile)} models FlashMLA "
                      f"calls, so its rules explain it only when a rule declares this error's signature")
     backend = cfg.get("attention_backend")
-    if isinstance(backend, str) and backend and "flashmla" not in backend.lower() and "dsv4" not in backend.lower():
+    if (isinstance(backend, str) and backend and "flashmla" not in backend.lower() and "dsv4" not in backend.lower()
+            and backend_profile(cfg) not in profile):
         notes.append(f"the server runs --attention-backend {backend}: verdicts of FlashMLA rules describe FlashMLA's "
                      "kernels, not this backend's")
     fixes = propose_fixes(explained, cfg, checker, profile) if explained is not None else []

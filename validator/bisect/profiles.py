@@ -1,11 +1,33 @@
 """Which engine profile and which engine versions a crash is checked under, and why."""
 from __future__ import annotations
 
+from ..errors import InputError
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
 from ..ingest.sglang_log import Era, after_forward_for_version, parse_version
+from ..knowledge import load
+from ..profiles import resolve_version
 from .data import entry_point_releases, era_releases, in_model_family
+
+
+def decode_backend(cfg: EngineConfig) -> str:
+    """The attention backend SGLang's decode forwards run: ``--decode-attention-backend``, else
+    ``--attention-backend`` (lower case; empty when neither is given)."""
+    v = cfg.get("decode_attention_backend") or cfg.get("attention_backend") or ""
+    return str(v).strip().lower()
+
+
+def backend_profile(cfg: EngineConfig) -> str | None:
+    """The SGLang profile that models the launch command's decode attention backend
+    (``recognised_by.attention_backend`` in ``rules/engines.json``); None when none does."""
+    backend = decode_backend(cfg)
+    if not backend:
+        return None
+    for name, p in load("engines")["profiles"].items():
+        if p.get("engine") == "sglang" and backend in p.get("recognised_by", {}).get("attention_backend", []):
+            return name
+    return None
 
 
 def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str] | None,
@@ -29,6 +51,9 @@ def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str
         return ["sglang-dsv4"], "the error is FlashMLA's scheduler failing (one query row per token, as in DSv4)"
     if err is not None and err.kind in ("flashmla_sparse_prefill", "tma_descriptor"):
         return ["sglang-dsv4"], f"the error ({err.kind}) comes from a sparse prefill kernel's TMA descriptor, not from a slot"
+    by_backend = backend_profile(cfg)
+    if by_backend is not None:
+        return [by_backend], f"the launch command's attention backend {decode_backend(cfg)} runs {by_backend}'s kernels"
     if pd_decode and in_model_family("dsa_pd_decode", model):
         return ["sglang-slots"], "a PD decode worker of a DSA-indexer model"
     if swa_hint:
@@ -50,3 +75,20 @@ def versions_to_try(user_version: str | None, era: Era | None,
     if era is None:
         return [None], None, "no scheduler lines to date the log; profiles' default versions"
     return era_releases(era.label), era.after_forward, f"line format {era.label}: SGLang {era.versions}"
+
+
+def versions_known(profile: list[str], versions: list[str | None]) -> tuple[list[str | None], list[str]]:
+    """``(kept, dropped)``: the releases every one of the profiles has a version for, and the others.
+    When none is known all are kept (the checker then says which version is missing)."""
+    def known(v: str | None) -> bool:
+        try:
+            for p in profile:
+                resolve_version(p, v)
+        except InputError:
+            return False
+        return True
+
+    kept = [v for v in versions if known(v)]
+    if not kept:
+        return list(versions), []
+    return kept, [v for v in versions if v is not None and v not in kept]

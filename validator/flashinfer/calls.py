@@ -19,7 +19,10 @@ from ..fields import field_name, int_field
 from ..knowledge import GPU, load, resolve_gpu
 from ..limits import echo
 
-RULE_KIND = "flashinfer"
+#: the rule kinds of the two call families: rules over trtllm-gen decode calls and over MLA ``plan()``
+#: calls (an engine profile that derives only decode calls is judged by the first kind's rules)
+TRTLLM_RULE_KIND = "flashinfer_trtllm"
+PLAN_RULE_KIND = "flashinfer_mla_plan"
 KINDS = ("trtllm_gen_mla", "trtllm_gen_fmha", "mla_plan")
 INT32_MAX = 2**31 - 1
 MAX_BATCH = 1 << 24
@@ -94,9 +97,21 @@ class FlashInferPlan:
     call: TrtllmGenCall | MlaPlanCall
     gpu: GPU
     facts: dict
-    rule_kind: str = RULE_KIND
     implementation = None
     num_sm_parts = None
+    is_decode = False          # not a FlashMLA decode plan: no scheduler, no fallback
+    library = "FlashInfer"
+
+    @property
+    def rule_kind(self) -> str:
+        return TRTLLM_RULE_KIND if isinstance(self.call, TrtllmGenCall) else PLAN_RULE_KIND
+
+    @property
+    def entry(self) -> str:
+        """The FlashInfer function the call is (``rules/flashinfer.json``)."""
+        if isinstance(self.call, TrtllmGenCall):
+            return self.facts["trtllm_gen"]["entries"][self.call.kind]
+        return self.facts["mla_plan"]["entry"]
 
     @property
     def gen(self) -> dict:

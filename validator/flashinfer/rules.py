@@ -5,14 +5,14 @@ import numpy as np
 
 from ..knowledge import grid_limits
 from ..registry import rule
-from .calls import RULE_KIND, FlashInferPlan, MlaPlanCall
+from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall
 
 
 def _subject(p: FlashInferPlan) -> str:
     return p.call.label or p.call.summary()
 
 
-@rule("FI001", reads="rows", subject=RULE_KIND)
+@rule("FI001", reads="rows", subject=TRTLLM_RULE_KIND)
 def trtllm_gen_batch_grid(p: FlashInferPlan):
     """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most 65535 requests per call.
 
@@ -57,7 +57,7 @@ def _first_drop(a: np.ndarray) -> int | None:
     return int(d.argmax()) if d.any() else None
 
 
-@rule("FI002", subject=RULE_KIND)
+@rule("FI002", subject=PLAN_RULE_KIND)
 def mla_plan_qo_lengths(p: FlashInferPlan):
     """MLA ``plan()``: every request's query length ``qo_indptr[i+1] - qo_indptr[i]`` must be >= 0.
 
@@ -95,7 +95,7 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
         failure=p.facts["mla_plan"]["qo_failure"])]
 
 
-@rule("FI003", subject=RULE_KIND)
+@rule("FI003", subject=PLAN_RULE_KIND)
 def mla_plan_kv_lengths(p: FlashInferPlan):
     """MLA ``plan()``: KV lengths must be >= 0 and ``kv_indptr`` non-decreasing (not checked by FlashInfer).
 

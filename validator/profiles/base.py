@@ -13,19 +13,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..batch import Batch
-from ..flashmla.calls import DecodeCall, SparsePrefillCall
-from ..flashmla.plan import Plan
+from ..flashmla.calls import DecodeCall
 
 
 @dataclass
 class DerivedCall:
     name: str
-    call: DecodeCall | SparsePrefillCall
-    plan: Plan
-    route: str  # "decode_kernel" | "sparse_prefill"
+    call: Any                   # a FlashMLA DecodeCall / SparsePrefillCall, or a FlashInfer TrtllmGenCall
+    plan: Any                   # its plan (FlashMLA Plan or FlashInferPlan)
+    route: str  # "decode_kernel" | "sparse_prefill" | "trtllm_gen_decode"
 
     @property
     def kernel(self) -> str:
+        entry = getattr(self.plan, "entry", None)
+        if entry is not None:
+            return entry.rsplit(".", 1)[-1]
         return "flash_mla_sparse_fwd" if self.route == "sparse_prefill" else "flash_mla_with_kvcache"
 
     def summary(self) -> dict:
@@ -80,6 +82,8 @@ class Profile:
     #: the calls' shapes (``s_q``) grow with the step's rows (a vLLM mixed batch is one call with
     #: ``s_q`` = the step's tokens): the row bound is then checked with the shape-only rules too
     shape_grows_with_rows: bool = False
+    #: the kinds of kernel-call rules its derived calls are judged by (``Rule.subject``)
+    call_kinds: frozenset = frozenset({"flashmla"})
 
     def setup(self, batch: Batch, version: dict, kernel: str | None) -> Any:
         """What the profile derives from the configuration alone (built once per configuration)."""
@@ -90,8 +94,9 @@ class Profile:
 
     def bound_hints(self, setup: Any, bp: BatchPlan) -> dict:
         """The bounds the configuration puts on the quantities this profile provides, as the profile
-        knows them (``max_rows``, ``threshold``; ``max_slot``). :mod:`validator.bounds` verifies
-        them against the rules and searches when they disagree."""
+        knows them (``max_rows``, ``threshold``; ``max_slot``; ``row_modes``: the forward modes
+        whose query rows are what ``max_rows`` bounds, when the limit is on another count in the
+        others). :mod:`validator.bounds` verifies them against the rules and searches when they disagree."""
         return {}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
