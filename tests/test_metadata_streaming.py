@@ -215,3 +215,32 @@ def test_missing_file_and_directory_say_what_the_whole_document_reader_says(tmp_
         with pytest.raises(InputError) as whole:
             read_text(str(path))
         assert invoke(["metadata", "--json", str(path)]) == (2, "", f"error: {whole.value}\n")
+
+
+# ---------------------------------------------------------------------------------- memory
+def _peak_bytes(path: Path) -> int:
+    """Python-heap peak (tracemalloc) of both passes over ``path``, every plan's schedule computed."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        r = CallRecords(str(path), None, None)
+        for p in r.plans():
+            p.schedule
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_peak_memory_does_not_grow_with_the_number_of_calls(tmp_path):
+    """Eight times the records, about the same peak: the whole-document path held every record
+    (each of these is about 2 KB of lists once parsed) before writing any."""
+    rec = json.dumps({"kind": "sparse", "b": 64, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128,
+                      "topk_length": list(range(1, 65))})
+    peaks = []
+    for n in (300, 2400):
+        f = tmp_path / f"c{n}.jsonl"
+        f.write_text("\n".join([rec] * n))
+        peaks.append(_peak_bytes(f))
+    assert peaks[1] < 1.5 * peaks[0], peaks
+    assert peaks[1] < 2400 * 1000        # less than the 2,400 records would take held at once

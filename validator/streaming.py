@@ -26,7 +26,7 @@ from .inputs import MAX_INPUT_BYTES, is_device_header, loads_document, parse_doc
 from .knowledge import gpu_from_fields, resolve_gpu
 from .limits import echo
 
-CHUNK = 1 << 20
+CHUNK = 1 << 16
 
 
 def open_input(path: str, limit: int = MAX_INPUT_BYTES) -> tuple[IO[bytes], str]:
@@ -48,12 +48,12 @@ def open_input(path: str, limit: int = MAX_INPUT_BYTES) -> tuple[IO[bytes], str]
         if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
             with fh:
                 return _spool(fh, limit, path), path
-        total = 0
-        while True:                      # the budget, counted as read_bounded counts it
-            chunk = fh.read(min(CHUNK, limit + 1 - total))
-            if not chunk:
+        total, buf = 0, bytearray(CHUNK)
+        while True:                      # the budget, counted as read_bounded counts it, into one buffer
+            got = fh.readinto(memoryview(buf)[:min(CHUNK, limit + 1 - total)])
+            if not got:
                 break
-            total += len(chunk)
+            total += got
             if total > limit:
                 raise InputError("FILE", f"{path}: larger than {limit} bytes")
         fh.seek(0)
