@@ -21,7 +21,7 @@ from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
 from .formats import SCHEMA_VERSIONS, render_statistics
-from .inputs import example_path, load_documents
+from .inputs import example_path
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
 from .limits import echo
 from .output import (  # noqa: F401 (the exit codes)
@@ -41,6 +41,7 @@ from .render_findings import render_findings
 from .reproduce import reproduce_slot_findings
 from .ruleset import all_rules, get_rule
 from .session import check_documents, split_device_header
+from .streaming import CallRecords
 
 app = typer.Typer(
     name="validate-batch",
@@ -93,6 +94,14 @@ def _root(
 GPU_HELP = "GPU profile name (H100-SXM, H800, H20, H200, B200, GB200, ...) or raw numbers 'num_sms=132,cc=9.0,smem_optin=232448'. Overrides a device header in the input."
 
 
+def _drained(items: list) -> Any:
+    """The items in order, each dropped from the list as it is handed out (a call's schedule and rows
+    go once it is written)."""
+    for i in range(len(items)):
+        item, items[i] = items[i], None
+        yield item
+
+
 @app.command()
 def metadata(
     file: str = typer.Argument(..., help="Call record(s): a JSON object, a JSON array, or JSON Lines ('-' = stdin). A first line with only device fields is a device header."),
@@ -123,20 +132,26 @@ def metadata(
         output.error(e)
     try:
         kernel = kernel_option(kernel, output)
-        docs, g = split_device_header(load_documents(file), gpu)
-        if not docs:
-            raise InputError("FILE", "no call records")
-        calls = calls_from_records(docs)
-        del docs                    # the records' lists, once every call is validated
-        plans = [make_plan(c, g, kernel) for c in calls]
-        del calls
+        # JSON Lines: every record is checked by a first pass over the input, and planned again one at
+        # a time while writing; any other input is read whole. Either way a bad record is found first.
+        records = CallRecords(file, gpu, kernel)
+        if records.streamed:
+            plans = records.plans()
+        else:
+            docs, g = split_device_header(records.docs, gpu)
+            del records
+            if not docs:
+                raise InputError("FILE", "no call records")
+            calls = calls_from_records(docs)
+            del docs                    # the records' lists, once every call is validated
+            plans = _drained([make_plan(c, g, kernel) for c in calls])
+            del calls
     except InputError as e:
         _fail_input(output, e, file)
     any_illegal = False
     units = []
     counts: dict = {}
-    for i in range(len(plans)):
-        p, plans[i] = plans[i], None    # each call's schedule and rows are dropped once written
+    for i, p in enumerate(plans):
         findings = [f for f in check_plan(p) if formats.selected(f.code, sel, ign)]
         for f in findings:
             counts[f.code] = counts.get(f.code, 0) + 1

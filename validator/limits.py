@@ -103,7 +103,7 @@ def check_int(v: int, field: str, digits: int = MAX_INT_DIGITS) -> int:
 
 
 def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: int = MAX_NODES,
-               max_string: int = MAX_STRING_CHARS, children: Any = None) -> None:
+               max_string: int = MAX_STRING_CHARS, children: Any = None) -> int:
     """Walk ``value`` without recursion: nesting at most ``max_depth``, at most ``max_nodes`` values
     (a shared list counts once per reference, a list containing itself is refused), no string longer
     than ``max_string`` and no integer over :data:`MAX_DOCUMENT_INT_DIGITS` digits. ``children(x)``
@@ -111,7 +111,8 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
 
     Each distinct container is walked once: its expanded size and height are remembered, so a
     reference to it again adds them without a second walk (a tower of shared references is refused
-    in time proportional to its distinct values, not to its expansion)."""
+    in time proportional to its distinct values, not to its expansion). Returns the number of values
+    counted."""
     def too_many():
         return InputError(field, f"more than {max_nodes} values (counting repeated references)")
 
@@ -196,6 +197,7 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
                         stack.extend((v, depth + 1) for v in parts)
         if nodes > max_nodes:
             raise too_many()
+    return nodes
 
 
 _NUMBER_TYPES = (frozenset({int}), frozenset({float}), frozenset({int, float}), frozenset())
