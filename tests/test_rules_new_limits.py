@@ -29,7 +29,7 @@ from validator.ruleset import all_rules
 ROOT = Path(__file__).resolve().parents[1]
 GRID_Y = 65535                     # CUDA: maximum y- and z-dimension of a grid
 GRID_X = 2**31 - 1                 # CUDA: maximum x-dimension
-HEADS_PER_CTA = 8                  # the combine kernel's BLOCK_SIZE_M (mla_combine.cu:182, combine.cu:193)
+HEADS_PER_CTA = 8                  # query heads per combine CTA (mla_combine.cu:182, combine.cu:193)
 B200 = {"name": "B200-like", "num_sms": 148, "cc": [10, 0], "smem_optin": 232448}
 
 

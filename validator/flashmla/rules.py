@@ -197,7 +197,7 @@ def topk_length_range(p: Plan):
 
 @rule("FMLA004", shape_only=True)
 def topk_alignment(p: Plan):
-    """``topk % 64 == 0`` (SM100 head64 also ``extra_topk % 64 == 0``).
+    """``topk`` a multiple of 64 (SM100 head64: ``extra_topk`` too).
 
     ## What it checks
     The sparse kernels walk indices in blocks of 64. SM90 checks only ``topk`` (it accepted
@@ -321,7 +321,7 @@ def v32_layout(p: Plan):
 
 @rule("FMLA007", shape_only=True)
 def kv_layout(p: Plan):
-    """KV cache ``[blocks, page, 1, bytes_per_token]`` with ``stride(1) == bytes_per_token``.
+    """KV cache ``[blocks, page, 1, bytes_per_token]`` whose token stride is ``bytes_per_token``.
 
     ## What it checks
     Checked only when the call gives ``bytes_per_token`` / ``kv_stride`` / ``kv_base_align``: the
@@ -634,7 +634,7 @@ def sched_fallback(p: Plan):
 
     ## What it checks
     Builds with a low-shared-memory fallback (``sgl-flash-mla`` 1.0.0's legacy kernels, sgl-kernel's
-    vendored copy) run the same schedule through ``get_mla_metadata_kernel_low_smem`` when the fast
+    vendored copy) run the same schedule through a slower low-shared-memory scheduling kernel when the fast
     scheduler's shared memory (``4*(3b+1)`` bytes on sgl-flash-mla, b <= 19370 on an H200) does not
     fit. The metadata is identical; the call is legal.
 
@@ -706,7 +706,7 @@ def combine_grid(p: Plan):
     ## What it checks
     The kernel that merges split results is launched with one CTA per (request, query token, 8 heads),
     laid out differently per build. FlashMLA ``1408756`` (and every build before upstream PR #182)
-    puts ``ceil(s_q*h_q/8)`` on ``gridDim.y``, so ``s_q*h_q <= 524280``: ``s_q <= 4095`` at
+    puts ``ceil(s_q*h_q/8)`` on the grid's y dimension, so ``s_q*h_q <= 524280``: ``s_q <= 4095`` at
     ``h_q = 128``, ``s_q <= 8191`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
     ``(b*s_q, 1, ceil(h_q/8))``: ``b*s_q <= 2^31-1``. The current kernels (2026.09.30) launch
     ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``, as does sgl-kernel's fork (9804b12, before PR #182).
@@ -723,7 +723,7 @@ def combine_grid(p: Plan):
 
     ## Example
     ``{"kind": "sparse", "b": 1, "s_q": 4096, "h_q": 128, "d_qk": 576, "topk": 128}`` on
-    ``flashmla-1408756``: ``gridDim.y = 4096*128/8 = 65536``.
+    ``flashmla-1408756``: 4096 x 128 / 8 = 65536 blocks on y.
 
     ## Fix
     Fewer query tokens per request per call (split ``s_q``), or a build whose combine grid puts the
@@ -817,13 +817,13 @@ def decode_indices(s: IndicesCheck):
     exactly ``-1`` (skipped) or in ``[0, num_blocks * page_size)``.
 
     ## Why it crashes
-    The kernels do not bounds-check indices. ``-1`` is mapped to block 0 and masked; any other value
-    (``-2``, ``INT_MAX``, a slot of another pool) is split into a block and row by unsigned division
-    and read: an illegal memory access (reported at a later CUDA check, e.g. ``combine.cu``), or
+    The kernels do not bounds-check indices. ``-1`` is skipped; any other value outside the pool
+    (``-2``, the largest int32, a slot of another pool) is turned into a block and a row and read:
+    an illegal memory access (reported at a later CUDA check, e.g. ``combine.cu``), or
     silently wrong attention when the address is mapped.
 
     ## Example
-    Padding rows filled with ``0x7fffffff`` instead of ``-1``; indices built for a larger pool.
+    Padding rows filled with the largest int32 instead of ``-1``; indices built for a larger pool.
 
     ## Fix
     Fill unused index slots with ``-1`` and keep indices below the pool's ``num_blocks * page_size``.
@@ -857,8 +857,9 @@ def empty_dense_row(p: Plan):
     scheduler still places a 0-block request in a partition; the metadata op alone is fine with it.
 
     ## Why it crashes
-    The kernel starts at block ``ceil(seqlen/64) - 1 = -1``: it reads ``block_table[row][-1]`` (before
-    the table for row 0) and copies a 64-token tile from the page that entry names. With padding rows
+    For an empty request the kernel's first block is one before the request's first block: it reads
+    the block-table entry just before the request's row (before the whole table for request 0) and
+    copies a 64-token tile from the page that entry names. With padding rows
     whose ``block_table`` is -1 that is the page before the KV pool: an illegal memory access, or a
     silent read of another request's page. The TMA-based kernels (dense SM90 of 1408756 / 9241ae3)
     pass the page to a TMA load, whose out-of-range coordinates are zero-filled: no fault there.
@@ -885,7 +886,7 @@ def empty_dense_row(p: Plan):
     i = int(empty.argmax())
     return [empty_dense_row.rule.finding(
         f"request {i} cache_seqlens expected >= 1 on {p.gen['build']}'s dense fp8 kernel, got 0 "
-        f"({int(empty.sum())} empty request(s): it reads block_table[{i}][-1] and that page)",
+        f"({int(empty.sum())} empty request(s): it reads the block-table entry before request {i}'s row, and that page)",
         subject=f"{_subject(p)} request {i}", numbers={"request": i, "count": int(empty.sum())},
         fix="pad CUDA-graph rows with cache_seqlens 1 and a valid dummy page, or trim them",
         failure=fact["failure"])]
