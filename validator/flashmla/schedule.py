@@ -418,22 +418,16 @@ def block_counts(s: np.ndarray, block: int = 64) -> np.ndarray:
     return np.maximum(s - 1, 0) // block + 1
 
 
-def schedule_reference(s: list[int] | np.ndarray, num_sm_parts: int, fixed_overhead: int, block: int = 64) -> Schedule:
-    """Plain greedy loop, one request and one partition at a time (the readable reference)."""
-    s = [int(x) for x in s]
-    b, P, F = len(s), num_sm_parts, fixed_overhead
-    last = [max(x - 1, 0) // block for x in s]
-    n = [x + 1 for x in last]
-    total = sum(x + F for x in n)
-    payload = -(-total // P) + F
-    rows = []
-    splits: list[int] = []
+def _greedy_partitions(n: list[int], P: int, payload: int, F: int, splits: list[int]):
+    """The scheduler's greedy walk, one partition at a time: for each of the ``P`` partitions,
+    ``(begin_req, begin_block, begin_split, end_req, end_block)`` where the end is where the walk
+    stopped (request index and blocks done in it). Requests cut between partitions are appended
+    to ``splits``."""
+    b = len(n)
     r = k = j = 0
     for _ in range(P):
         budget = payload
-        begin_req, begin_block, begin_split, first = r, k, j, int(k != 0)
-        if r >= b:  # nothing left: the kernel reads one past its per-request array, i.e. last_0
-            begin_block = last[0]
+        r0, k0, j0 = r, k, j
         while r < b:
             need = n[r] - k + F
             if budget >= need:
@@ -445,6 +439,23 @@ def schedule_reference(s: list[int] | np.ndarray, num_sm_parts: int, fixed_overh
                     j += 1
                     splits.append(r)
                 break
+        yield r0, k0, j0, r, k
+
+
+def schedule_reference(s: list[int] | np.ndarray, num_sm_parts: int, fixed_overhead: int, block: int = 64) -> Schedule:
+    """Plain greedy loop, one request and one partition at a time (the readable reference)."""
+    s = [int(x) for x in s]
+    b, P, F = len(s), num_sm_parts, fixed_overhead
+    last = [max(x - 1, 0) // block for x in s]
+    n = [x + 1 for x in last]
+    total = sum(x + F for x in n)
+    payload = -(-total // P) + F
+    rows = []
+    splits: list[int] = []
+    for begin_req, begin_block, begin_split, r, k in _greedy_partitions(n, P, payload, F, splits):
+        first = int(begin_block != 0)
+        if begin_req >= b:  # nothing left: the kernel reads one past its per-request array, i.e. last_0
+            begin_block = last[0]
         end_req = r if k > 0 else r - 1
         end_block = k if k > 0 else (0 if s[end_req] == 0 else last[end_req] + 1)
         last_sp = int(end_block != last[end_req] + 1 and s[end_req] != 0)
@@ -468,25 +479,12 @@ def schedule_first_generation(seqlens, num_sm_parts: int, fixed_overhead: int, b
     b, P, F = len(s), num_sm_parts, fixed_overhead
     n = [-(-x // block) for x in s]
     payload = -(-sum(x + F for x in n) // P) + F
-    rows, splits = [], []
-    r = k = j = 0
-    for _ in range(P):
-        budget = payload
-        begin = [r, k * block, j]
-        while r < b:
-            need = n[r] - k + F
-            if budget >= need:
-                budget -= need
-                r, k, j = r + 1, 0, 0
-            else:
-                if budget - F > 0:
-                    k += budget - F
-                    j += 1
-                    splits.append(r)
-                break
+    rows: list = []
+    splits: list[int] = []
+    for begin_req, begin_block, begin_split, r, k in _greedy_partitions(n, P, payload, F, splits):
         end_req = r if k > 0 else r - 1
         end_seqlen = k * block if k > 0 else s[end_req]
-        rows.append([begin[0], begin[1], end_req, end_seqlen, begin[2], 0, 0])
+        rows.append([begin_req, begin_block * block, end_req, end_seqlen, begin_split, 0, 0])
     return Schedule(b, P, splits, rows=rows)
 
 
