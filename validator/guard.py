@@ -36,7 +36,6 @@ from .fields import (
     MAX_POSITION,
     MAX_REQUESTS,
     MAX_TOKENS,
-    SHORT_ARRAY,
     bad_element,
     column,
     int_arg,
@@ -436,10 +435,9 @@ class Checker:
             if ext is not None:
                 return False
             if seq.__class__ is not list:
-                if seq.__class__ is not np.ndarray or seq.ndim != 1 or seq.shape[0] > SHORT_ARRAY \
-                        or seq.dtype.kind not in "iu":
+                seq = short_int_list(seq)     # a short integer array: cheaper as a list
+                if seq is None:
                     return False
-                seq = seq.tolist()      # a short integer array: cheaper as a list (see short_int_list)
             n = len(seq)
             if n == 1:
                 x = seq[0]
@@ -457,10 +455,9 @@ class Checker:
             if seq is not None:
                 return False
             if ext.__class__ is not list:
-                if ext.__class__ is not np.ndarray or ext.ndim != 1 or ext.shape[0] > SHORT_ARRAY \
-                        or ext.dtype.kind not in "iu":
+                ext = short_int_list(ext)     # a short integer array: cheaper as a list
+                if ext is None:
                     return False
-                ext = ext.tolist()      # a short integer array: cheaper as a list (see short_int_list)
             n = len(ext)
             rows = sum_within(ext, 0, MAX_TOKENS)
             if rows < 0 or rows > MAX_ROWS:
