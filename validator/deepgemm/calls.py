@@ -99,14 +99,19 @@ class DeepGemmPlan:
         md = self.facts["metadata"]
         return md.get(str(self.gpu.arch), md.get("*"))
 
+    def _costs(self, lay: dict) -> tuple[int, int]:
+        """``(bytes per row, base bytes)`` of the layout for this call (varlen has its own)."""
+        per, base = lay["bytes_per_row"], lay["base_bytes"]
+        if self.call.varlen:
+            per, base = lay.get("varlen_bytes_per_row", per), lay.get("varlen_base_bytes", base)
+        return per, base
+
     @property
     def smem_bytes(self) -> int | None:
         lay = self.layout
         if lay is None:
             return None
-        per, base = lay["bytes_per_row"], lay["base_bytes"]
-        if self.call.varlen:
-            per, base = lay.get("varlen_bytes_per_row", per), lay.get("varlen_base_bytes", base)
+        per, base = self._costs(lay)
         return base + per * _align(self.call.batch, lay["row_align"])
 
     @property
@@ -115,9 +120,7 @@ class DeepGemmPlan:
         lay = self.layout
         if lay is None:
             return None
-        per, base = lay["bytes_per_row"], lay["base_bytes"]
-        if self.call.varlen:
-            per, base = lay.get("varlen_bytes_per_row", per), lay.get("varlen_base_bytes", base)
+        per, base = self._costs(lay)
         units = (self.facts["smem_capacity"] - base) // per
         return units // lay["row_align"] * lay["row_align"]
 

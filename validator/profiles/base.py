@@ -107,6 +107,15 @@ class Profile:
         """This profile's part of a report's machine-readable context."""
         return {}
 
+    @staticmethod
+    def rows_context(bp: BatchPlan) -> dict:
+        """The context of a profile that derives kernel calls from a forward's query rows: the rows,
+        their breakdown, the routing and each call (empty when no rows were derived)."""
+        if bp.rows is None:
+            return {}
+        return {"query_rows": bp.rows, "row_breakdown": bp.row_breakdown, "routing": bp.routing,
+                "kernel_calls": [c.summary() for c in bp.calls]}
+
     def summary_lines(self, bp: BatchPlan) -> list[str]:
         """This profile's part of the human description of a forward."""
         return []

@@ -416,10 +416,10 @@ class Dsv4Profile(Profile):
         return out
 
     def context(self, bp: BatchPlan) -> dict:
-        if bp.rows is None:
-            return {}
-        return {"query_rows": bp.rows, "row_breakdown": bp.row_breakdown, "max_decode_kernel_rows": bp.max_rows,
-                "routing": bp.routing, "kernel_calls": [c.summary() for c in bp.calls]}
+        ctx = self.rows_context(bp)
+        if ctx:
+            ctx["max_decode_kernel_rows"] = bp.max_rows
+        return ctx
 
     def summary_lines(self, bp: BatchPlan) -> list[str]:
         if bp.rows is None:

@@ -129,10 +129,7 @@ class SglangTrtllmMlaProfile(Profile):
         return out
 
     def context(self, bp: BatchPlan) -> dict:
-        if bp.rows is None:
-            return {}
-        return {"query_rows": bp.rows, "row_breakdown": bp.row_breakdown, "routing": bp.routing,
-                "kernel_calls": [c.summary() for c in bp.calls]}
+        return self.rows_context(bp)
 
     def summary_lines(self, bp: BatchPlan) -> list[str]:
         if bp.rows is None:
