@@ -224,19 +224,23 @@ def _number_rows(x: list) -> bool:
 _LIST_TYPES = frozenset({list})
 
 
-def read_bounded(fh: Any, limit: int, name: str, field: str = "FILE") -> bytes:
-    """At most ``limit`` bytes from a binary file object, read in chunks; InputError once it holds
-    more (a device or pipe that never ends stops at the budget)."""
-    chunks: list[bytes] = []
+def bounded_chunks(fh: Any, limit: int, name: str, field: str = "FILE", size: int = 1 << 20):
+    """The bytes of a file object in chunks of at most ``size``; InputError once more than ``limit``
+    bytes came (a device or pipe that never ends stops at the budget). Text chunks are encoded."""
     total = 0
     while True:
-        chunk = fh.read(min(1 << 20, limit + 1 - total))
+        chunk = fh.read(min(size, limit + 1 - total))
         if not chunk:
-            break
+            return
         if isinstance(chunk, str):
             chunk = chunk.encode("utf-8", "surrogateescape")
-        chunks.append(chunk)
         total += len(chunk)
         if total > limit:
             raise InputError(field, f"{name}: larger than {limit} bytes")
-    return b"".join(chunks)
+        yield chunk
+
+
+def read_bounded(fh: Any, limit: int, name: str, field: str = "FILE") -> bytes:
+    """At most ``limit`` bytes from a binary file object, read in chunks; InputError once it holds
+    more (a device or pipe that never ends stops at the budget)."""
+    return b"".join(bounded_chunks(fh, limit, name, field))

@@ -69,17 +69,8 @@ def open_input(path: str, limit: int = MAX_INPUT_BYTES) -> tuple[IO[bytes], str]
 def _spool(src: Any, limit: int, name: str) -> IO[bytes]:
     out = tempfile.TemporaryFile()
     try:
-        total = 0
-        while True:
-            chunk = src.read(min(CHUNK, limit + 1 - total))
-            if not chunk:
-                break
-            if isinstance(chunk, str):
-                chunk = chunk.encode("utf-8", "surrogateescape")
+        for chunk in limits.bounded_chunks(src, limit, name, size=CHUNK):
             out.write(chunk)
-            total += len(chunk)
-            if total > limit:
-                raise InputError("FILE", f"{name}: larger than {limit} bytes")
         out.seek(0)
         return out
     except BaseException:
