@@ -52,7 +52,7 @@ from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .limits import echo
 from .names import BATCH_SETTINGS, SETTINGS, check_server_arg, normalize_setting, parse_mode
-from .pipeline import check_batch, check_engine_batch
+from .pipeline import check_engine_batch, check_engine_steps
 from .profiles import engine_family
 from .report import Report
 from .ruleset import STATE as RULES
@@ -520,8 +520,9 @@ class Checker:
             return check_engine_batch(step, kernel=self.kernel, split=self.split, memo=self.schedule_memo)
         if is_batch_document(step):
             b = batch_from_dict(self._complete(step))
-            if engine_steps(b) is not None:      # more new tokens than one chunk: the engine's steps
-                return check_batch(b, kernel=self.kernel, split=self.split)
+            steps = engine_steps(b)
+            if steps is not None:      # more new tokens than one chunk: the engine's steps
+                return check_engine_steps(b, steps, self.kernel, self.split)
             return check_engine_batch(b, kernel=self.kernel, split=self.split, memo=self.schedule_memo)
         lists = adapters.step_lists(step, self)
         if lists is None:

@@ -6,6 +6,7 @@ takes it from here; nothing else keeps a list of them.
 from __future__ import annotations
 
 from difflib import get_close_matches
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
 
@@ -111,23 +112,14 @@ def parse_mode(forward_mode: Any) -> str | None:
 
 
 # ----------------------------------------------------------------------------------- server-argument names
-def _engine_arg_names() -> frozenset:
+@lru_cache(maxsize=1)
+def known_server_args() -> frozenset:
+    """Every server-argument name accepted in ``server_args``: the settings table, its aliases, and the
+    engines' own argument names per release (``rules/engine_args.json``)."""
     names = set(SETTINGS) | set(SETTING_ALIASES)
     for rec in load("engine_args")["engines"].values():
         names.update(rec["names"])
     return frozenset(names)
-
-
-_KNOWN_ARGS: frozenset | None = None
-
-
-def known_server_args() -> frozenset:
-    """Every server-argument name accepted in ``server_args``: the settings table, its aliases, and the
-    engines' own argument names per release (``rules/engine_args.json``)."""
-    global _KNOWN_ARGS
-    if _KNOWN_ARGS is None:
-        _KNOWN_ARGS = _engine_arg_names()
-    return _KNOWN_ARGS
 
 
 def check_server_arg(key: str, where: str) -> str:

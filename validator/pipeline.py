@@ -55,6 +55,13 @@ def check_batch(obj: Any, gpu: Any = None, kernel: str | None = None, split: boo
     steps = engine_steps(b) if chunk else None
     if steps is None:
         return check_engine_batch(b, kernel=kernel, split=split)
+    return check_engine_steps(b, steps, kernel, split)
+
+
+def check_engine_steps(b: Batch, steps: list, kernel: str | None = None, split: bool = True) -> Report:
+    """Each of the engine's steps for ``b`` (:func:`validator.chunking.engine_steps`) checked; the
+    report is the first illegal step's (else the one with the most query rows), with every step's
+    verdict in its ``engine_steps`` context."""
     setup = engine_setup(b, kernel)
     reports = [check_engine_batch(st.batch, kernel=kernel, split=split, setup=setup) for st in steps]
     rows = [r.context.get("query_rows") for r in reports]
