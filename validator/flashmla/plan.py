@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..formula import Formula, formula_field
 from ..knowledge import GPU, build, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
@@ -93,6 +94,17 @@ class Implementation:
     @property
     def parts_formula(self) -> str:
         return PARTS_FORMULAS[self.parts][1]
+
+
+def sched_smem_formula(gen: dict) -> Formula:
+    """Generation ``gen``'s scheduler shared-memory formula (``sched_smem.bytes`` in rules/flashmla.json)."""
+    return formula_field(gen["sched_smem"], "bytes", f"flashmla.generations.{gen['name']}.sched_smem")
+
+
+def fast_rows_limit(gen: dict, smem_bytes: int, values: dict) -> int:
+    """The largest b whose scheduler shared memory (``sched_smem.bytes``) fits ``smem_bytes``, the
+    formula's other variables at ``values``; at most :data:`MAX_ROWS`."""
+    return sched_smem_formula(gen).largest("b", smem_bytes, hi=MAX_ROWS, **values)
 
 
 def select_implementation(call: DecodeCall, gpu: GPU, gen: dict) -> Implementation | None:
@@ -207,19 +219,35 @@ class Plan:
         return self.implementation.fixed_overhead if self.implementation else None
 
     @property
+    def sched_smem_formula(self) -> Formula:
+        """The generation's ``sched_smem.bytes``: the scheduler's dynamic shared memory in bytes."""
+        return sched_smem_formula(self.gen)
+
+    def formula_values(self) -> dict:
+        """The call's values of the variables a size formula may name (``P`` once partitions are known)."""
+        c = self.call
+        out = {"b": c.b, "s_q": c.s_q, "h_q": c.h_q, "h_k": c.h_k, "d_qk": c.d_qk, "d_v": c.d_v,
+               "num_sms": self.gpu.num_sms}
+        if c.topk is not None:
+            out["topk"] = c.topk
+        if self.num_sm_parts is not None:
+            out["P"] = self.num_sm_parts
+        return out
+
+    @property
     def sched_smem_bytes(self) -> int:
-        """Dynamic shared memory the scheduling kernel asks for: ``base + per_row * b`` bytes."""
-        sm = self.gen["sched_smem"]
-        return sm["base_bytes"] + sm["bytes_per_row"] * self.call.b
+        """Dynamic shared memory the scheduling kernel asks for, in bytes (``sched_smem.bytes``)."""
+        return self.sched_smem_formula.evaluate(self.formula_values())
 
     @cached
     def fast_sched_rows(self) -> int:
         """Largest b whose scheduler shared memory fits the GPU's opt-in limit (a static scheduler:
         its batch limit)."""
-        sm = self.gen["sched_smem"]
-        if sm.get("static"):
+        if self.gen["sched_smem"].get("static"):
             return self.gen["max_batch"]["max_b"]
-        return (self.gpu.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
+        values = self.formula_values()
+        del values["b"]
+        return fast_rows_limit(self.gen, self.gpu.smem_optin, values)
 
     @cached
     def falls_back(self) -> bool:
