@@ -102,6 +102,10 @@ def test_deep_nesting_and_long_texts_are_refused():
 def test_evaluation_errors_name_the_field():
     with pytest.raises(FormulaError, match=r"^g: no value given for 'P'"):
         parse("4*(5b+1+8P)", "g")(b=1)
+    with pytest.raises(FormulaError, match=r"^g: no value given for 'b'"):
+        parse("4*(5b+1)", "g")()
+    with pytest.raises(FormulaError, match=r"^g: no value given for 'b'"):
+        parse("b*b", "g")(P=1)
     with pytest.raises(FormulaError, match=r"^g: division by zero"):
         parse("b//P", "g")(b=1, P=0)
     with pytest.raises(FormulaError, match=r"^g: division by zero"):

@@ -256,6 +256,61 @@ def _guarded(f: Callable, fname: str) -> Callable:
     return run
 
 
+def _affine(node) -> tuple[int, dict] | None:
+    """``(c, {name: a})`` with ``node == c + sum(a * name)`` exactly on integers (None: the formula
+    is not affine: a product of variables, or ``//``, a function of one)."""
+    kind = node[0]
+    if kind == "int":
+        return node[1], {}
+    if kind == "var":
+        return 0, {node[1]: 1}
+    if kind == "neg":
+        inner = _affine(node[1])
+        return None if inner is None else (-inner[0], {k: -a for k, a in inner[1].items()})
+    if kind not in ("+", "-", "*"):
+        return None
+    left, right = _affine(node[1]), _affine(node[2])
+    if left is None or right is None:
+        return None
+    (c1, t1), (c2, t2) = left, right
+    if kind == "*":
+        if t1 and t2:
+            return None
+        (k, t) = (c2, t1) if t1 else (c1, t2)
+        return c1 * c2, {n: a * k for n, a in t.items()}
+    sign = 1 if kind == "+" else -1
+    terms = dict(t1)
+    for n, a in t2.items():
+        terms[n] = terms.get(n, 0) + sign * a
+    return c1 + sign * c2, terms
+
+
+def _compile_affine(c: int, terms: dict, fname: str) -> Callable[[Mapping], object]:
+    """``c + sum(a * values[name])``: the same integers as the tree, in one step."""
+    terms = tuple((n, a) for n, a in terms.items() if a)
+
+    def missing(env):
+        n = next(n for n, _ in terms if n not in env)
+        raise FormulaError(fname, f"no value given for {n!r}")
+
+    if len(terms) == 1:
+        (name, a), = terms
+
+        def one(env):
+            try:
+                return c + a * env[name]
+            except KeyError:
+                missing(env)
+        return one
+
+    def run(env):
+        try:
+            return c + sum(a * env[n] for n, a in terms)
+        except KeyError:
+            missing(env)
+    return run
+
+
 def _linear(node, var: str, env: Mapping) -> tuple[int, int] | None:
     """``(a, c)`` with ``node == a*var + c`` for the other variables' values in ``env`` (None: the
     formula is not linear in ``var``)."""
@@ -297,7 +352,9 @@ class Formula:
     variables: frozenset = frozenset()
 
     def __post_init__(self):
-        object.__setattr__(self, "_run", _compile(self.tree, self.data_field))
+        affine = _affine(self.tree)
+        run = _compile(self.tree, self.data_field) if affine is None else _compile_affine(*affine, self.data_field)
+        object.__setattr__(self, "_run", run)
 
     def __str__(self) -> str:
         """The formula as the data writes it (how findings and tables show it)."""

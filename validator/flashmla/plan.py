@@ -218,7 +218,7 @@ class Plan:
     def fixed_overhead(self) -> int | None:
         return self.implementation.fixed_overhead if self.implementation else None
 
-    @property
+    @cached
     def sched_smem_formula(self) -> Formula:
         """The generation's ``sched_smem.bytes``: the scheduler's dynamic shared memory in bytes."""
         return sched_smem_formula(self.gen)
@@ -237,7 +237,10 @@ class Plan:
     @property
     def sched_smem_bytes(self) -> int:
         """Dynamic shared memory the scheduling kernel asks for, in bytes (``sched_smem.bytes``)."""
-        return self.sched_smem_formula.evaluate(self.formula_values())
+        f = self.sched_smem_formula
+        if f.variables <= {"b"}:
+            return f(b=self.call.b)
+        return f.evaluate(self.formula_values())
 
     @cached
     def fast_sched_rows(self) -> int:
@@ -409,7 +412,7 @@ class Plan:
 
 
 #: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)
-SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv")
+SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv", "sched_smem_formula")
 
 _HOISTED: dict[tuple, dict] = {}
 
