@@ -109,3 +109,24 @@ def test_legality_map(quadratic_build):
     assert m.verdict(LIMIT, 0).kind == "legal"
     bad = m.verdict(LIMIT + 1, 0)
     assert bad.kind == "illegal" and "FMLA001" in bad.codes
+
+
+def test_a_formula_may_read_the_calls_partitions(quadratic_build, monkeypatch):
+    """4*(5b+1) + 8P with P = num_sm_parts: the sparse SM90 kernels at s_q = 1, h_q = 64 take
+    132 // 1 // (64 // 64) = 132 partitions on an H200, so b <= (232448 - 4 - 8*132) // 20 = 11569;
+    at s_q = 2, P = 66 and b <= (232448 - 4 - 8*66) // 20 = 11595."""
+    monkeypatch.setitem(quadratic_build["generations"][NAME]["sched_smem"], "bytes", "4*(5b+1) + 8P")
+    _clear()
+    for s_q, parts, limit in ((1, 132, 11569), (2, 66, 11595)):
+        rec = {**sparse(limit + 1), "s_q": s_q}
+        p = plan(rec, "H200", NAME)
+        assert p.num_sm_parts == parts and p.fast_sched_rows == limit
+        assert 4 * (5 * limit + 1) + 8 * parts <= H200_SMEM < 4 * (5 * (limit + 1) + 1) + 8 * parts
+        [f] = [f for f in check_calls([rec], "H200", NAME).findings if f.code == "FMLA001"]
+        assert f.numbers["max_b"] == limit and f.numbers["smem_bytes"] == 4 * (5 * (limit + 1) + 1) + 8 * parts
+    monkeypatch.setitem(quadratic_build, "default", NAME)
+    monkeypatch.setenv("COLUMNS", "200")
+    _clear()
+    out = CliRunner().invoke(app, ["gpus"]).output
+    _clear()
+    assert "per call" in next(line for line in out.splitlines() if "H200 " in line)

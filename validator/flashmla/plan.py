@@ -96,6 +96,10 @@ class Implementation:
         return PARTS_FORMULAS[self.parts][1]
 
 
+#: call fields a size formula may name by the same name (with ``P`` and ``num_sms``)
+CALL_VARIABLES = ("b", "s_q", "h_q", "h_k", "d_qk", "d_v", "topk")
+
+
 def sched_smem_formula(gen: dict) -> Formula:
     """Generation ``gen``'s scheduler shared-memory formula (``sched_smem.bytes`` in rules/flashmla.json)."""
     return formula_field(gen["sched_smem"], "bytes", f"flashmla.generations.{gen['name']}.sched_smem")
@@ -224,12 +228,13 @@ class Plan:
         return sched_smem_formula(self.gen)
 
     def formula_values(self) -> dict:
-        """The call's values of the variables a size formula may name (``P`` once partitions are known)."""
-        c = self.call
-        out = {"b": c.b, "s_q": c.s_q, "h_q": c.h_q, "h_k": c.h_k, "d_qk": c.d_qk, "d_v": c.d_v,
-               "num_sms": self.gpu.num_sms}
-        if c.topk is not None:
-            out["topk"] = c.topk
+        """The call's values of the variables a size formula may name: those the call has (``P`` once
+        partitions are known)."""
+        out = {"num_sms": self.gpu.num_sms}
+        for name in CALL_VARIABLES:
+            v = getattr(self.call, name, None)
+            if v is not None:
+                out[name] = v
         if self.num_sm_parts is not None:
             out["P"] = self.num_sm_parts
         return out
@@ -249,7 +254,7 @@ class Plan:
         if self.gen["sched_smem"].get("static"):
             return self.gen["max_batch"]["max_b"]
         values = self.formula_values()
-        del values["b"]
+        values.pop("b", None)
         return fast_rows_limit(self.gen, self.gpu.smem_optin, values)
 
     @cached
