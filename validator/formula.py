@@ -446,7 +446,7 @@ def _names_in(node) -> Iterable[str]:
 @lru_cache(maxsize=1024)
 def parse(text: str, fname: str = "", names: Iterable[str] | None = None) -> Formula:
     """Parse the formula ``text`` of data field ``fname``; ``names``: the variables it may name
-    (default: every one of :data:`VARIABLES`). Cached: each text is parsed once per field."""
+    (a tuple; default: every one of :data:`VARIABLES`). Cached: each text is parsed once per field."""
     if not isinstance(text, str):
         raise FormulaError(fname, f"expected a formula string, got {type(text).__name__}")
     if len(text) > MAX_FORMULA_CHARS:
