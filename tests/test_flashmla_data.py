@@ -96,7 +96,7 @@ def test_a_generation_key_replaces_the_shared_one(data):
 # ------------------------------------------------------------------------------------------------
 def test_fmla001_formula_text_and_limit_follow_sched_smem(data):
     """4*(4b+1) bytes: the H200's 232448 B then hold (232448 - 4) // 16 = 14527 rows."""
-    gen_of(data)["sched_smem"]["bytes_per_row"] = 16
+    gen_of(data)["sched_smem"]["bytes"] = "4*(4b+1)"
     assert codes(sparse(b=14527), "FMLA001") == []
     [f] = codes(sparse(b=14528), "FMLA001")
     assert f.numbers["max_b"] == 14527 and f.numbers["smem_bytes"] == 4 + 16 * 14528

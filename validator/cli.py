@@ -20,6 +20,7 @@ from .api import check_plan
 from .errors import InputError
 from .flashmla.calls import calls_from_records
 from .flashmla.plan import plan as make_plan
+from .flashmla.plan import fast_rows_limit, sched_smem_formula
 from .formats import SCHEMA_VERSIONS, render_statistics
 from .inputs import example_path
 from .knowledge import build, build_names, generation, gpu_by_name, gpu_names, load
@@ -559,11 +560,12 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSO
     if output.is_json:
         output.json([{**g.to_dict(), "memory_bytes": g.memory_bytes, "source": g.source} for g in gs])
         return
-    sm = generation()["sched_smem"]      # the default build's scheduler
+    gen = generation()      # the default build's scheduler
+    per_call = sched_smem_formula(gen).variables - {"b", "num_sms"}    # rows that depend on the call's shape
     t = Table("name", "SMs", "cc", "smem opt-in (B)", f"max FlashMLA rows ({build()['name']})", "memory (GB)")
     for g in gs:
         mem = f"{g.memory_bytes / 1e9:.0f}" if g.memory_bytes else "-"
-        rows = (g.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
+        rows = "per call" if per_call else fast_rows_limit(gen, g.smem_optin, {"num_sms": g.num_sms})
         t.add_row(g.name, str(g.num_sms), f"{g.cc[0]}.{g.cc[1]}", str(g.smem_optin), str(rows), mem)
     output.result(t)
     output.result("Sources: validate-batch gpus --json (or rules/gpus.json).")

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..errors import InputError
 from ..fields import bool_field, field_name, int_field
+from ..formula import Formula, formula_field
 from ..knowledge import GPU, load, resolve_gpu
 from ..limits import echo
 
@@ -19,10 +20,6 @@ RULE_KIND = "deepgemm"
 KINDS = ("paged_mqa_logits_metadata",)
 KEYS = frozenset({"kind", "batch", "next_n", "varlen", "caller", "jit_indexer_metadata", "version", "label"})
 MAX_BATCH = 1 << 24
-
-
-def _align(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def version(name: str | None) -> dict:
@@ -96,33 +93,34 @@ class DeepGemmPlan:
     @property
     def layout(self) -> dict | None:
         """The metadata kernel's shared-memory layout for this GPU's architecture (None: none)."""
-        md = self.facts["metadata"]
-        return md.get(str(self.gpu.arch), md.get("*"))
-
-    def _costs(self, lay: dict) -> tuple[int, int]:
-        """``(bytes per row, base bytes)`` of the layout for this call (varlen has its own)."""
-        per, base = lay["bytes_per_row"], lay["base_bytes"]
-        if self.call.varlen:
-            per, base = lay.get("varlen_bytes_per_row", per), lay.get("varlen_base_bytes", base)
-        return per, base
+        return self.facts["metadata"].get(self.layout_key)
 
     @property
-    def smem_bytes(self) -> int | None:
+    def layout_key(self) -> str:
+        """The ``metadata`` key of this GPU's layout: its compute-capability major, else ``*``."""
+        arch = str(self.gpu.arch)
+        return arch if arch in self.facts["metadata"] else "*"
+
+    def _bytes(self) -> Formula | None:
+        """The layout's shared-memory formula for this call (varlen has its own, ``varlen_bytes``;
+        None: no layout for this GPU)."""
         lay = self.layout
         if lay is None:
             return None
-        per, base = self._costs(lay)
-        return base + per * _align(self.call.batch, lay["row_align"])
+        key = "varlen_bytes" if self.call.varlen and "varlen_bytes" in lay else "bytes"
+        return formula_field(lay, key, f"deepgemm.versions.{self.facts['name']}.metadata.{self.layout_key}", ("b",))
+
+    @property
+    def smem_bytes(self) -> int | None:
+        """Shared memory the metadata kernel asks for, in bytes (None: no layout for this GPU)."""
+        f = self._bytes()
+        return None if f is None else f(b=self.call.batch)
 
     @property
     def max_batch(self) -> int | None:
         """Largest batch whose metadata fits DeepGEMM's shared-memory capacity."""
-        lay = self.layout
-        if lay is None:
-            return None
-        per, base = self._costs(lay)
-        units = (self.facts["smem_capacity"] - base) // per
-        return units // lay["row_align"] * lay["row_align"]
+        f = self._bytes()
+        return None if f is None else f.largest("b", self.facts["smem_capacity"], hi=MAX_BATCH)
 
     def to_dict(self, with_schedule: bool = True) -> dict:
         return {"call": self.call.to_record(), "implementation": None, "num_sm_parts": None,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..formula import Formula, formula_field
 from ..knowledge import GPU, build, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
@@ -93,6 +94,21 @@ class Implementation:
     @property
     def parts_formula(self) -> str:
         return PARTS_FORMULAS[self.parts][1]
+
+
+#: call fields a size formula may name by the same name (with ``P`` and ``num_sms``)
+CALL_VARIABLES = ("b", "s_q", "h_q", "h_k", "d_qk", "d_v", "topk")
+
+
+def sched_smem_formula(gen: dict) -> Formula:
+    """Generation ``gen``'s scheduler shared-memory formula (``sched_smem.bytes`` in rules/flashmla.json)."""
+    return formula_field(gen["sched_smem"], "bytes", f"flashmla.generations.{gen['name']}.sched_smem")
+
+
+def fast_rows_limit(gen: dict, smem_bytes: int, values: dict) -> int:
+    """The largest b whose scheduler shared memory (``sched_smem.bytes``) fits ``smem_bytes``, the
+    formula's other variables at ``values``; at most :data:`MAX_ROWS`."""
+    return sched_smem_formula(gen).largest("b", smem_bytes, hi=MAX_ROWS, **values)
 
 
 def select_implementation(call: DecodeCall, gpu: GPU, gen: dict) -> Implementation | None:
@@ -206,20 +222,40 @@ class Plan:
     def fixed_overhead(self) -> int | None:
         return self.implementation.fixed_overhead if self.implementation else None
 
+    @cached
+    def sched_smem_formula(self) -> Formula:
+        """The generation's ``sched_smem.bytes``: the scheduler's dynamic shared memory in bytes."""
+        return sched_smem_formula(self.gen)
+
+    def formula_values(self) -> dict:
+        """The call's values of the variables a size formula may name: those the call has (``P`` once
+        partitions are known)."""
+        out = {"num_sms": self.gpu.num_sms}
+        for name in CALL_VARIABLES:
+            v = getattr(self.call, name, None)
+            if v is not None:
+                out[name] = v
+        if self.num_sm_parts is not None:
+            out["P"] = self.num_sm_parts
+        return out
+
     @property
     def sched_smem_bytes(self) -> int:
-        """Dynamic shared memory the scheduling kernel asks for: ``base + per_row * b`` bytes."""
-        sm = self.gen["sched_smem"]
-        return sm["base_bytes"] + sm["bytes_per_row"] * self.call.b
+        """Dynamic shared memory the scheduling kernel asks for, in bytes (``sched_smem.bytes``)."""
+        f = self.sched_smem_formula
+        if f.variables <= {"b"}:
+            return f(b=self.call.b)
+        return f.evaluate(self.formula_values())
 
     @cached
     def fast_sched_rows(self) -> int:
         """Largest b whose scheduler shared memory fits the GPU's opt-in limit (a static scheduler:
         its batch limit)."""
-        sm = self.gen["sched_smem"]
-        if sm.get("static"):
+        if self.gen["sched_smem"].get("static"):
             return self.gen["max_batch"]["max_b"]
-        return (self.gpu.smem_optin - sm["base_bytes"]) // sm["bytes_per_row"]
+        values = self.formula_values()
+        values.pop("b", None)
+        return fast_rows_limit(self.gen, self.gpu.smem_optin, values)
 
     @cached
     def falls_back(self) -> bool:
@@ -381,7 +417,7 @@ class Plan:
 
 
 #: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)
-SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv")
+SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv", "sched_smem_formula")
 
 _HOISTED: dict[tuple, dict] = {}
 

@@ -24,12 +24,9 @@ def _subject(p: Plan) -> str:
     return p.call.label or p.call.summary()
 
 
-def _smem_formula(sm: dict) -> str:
-    """The scheduler's shared-memory formula in the form the facts write it (``4*(5b+1)``)."""
-    base, per = sm["base_bytes"], sm["bytes_per_row"]
-    if base and per % base == 0:
-        return f"{base}*({per // base}b+1)"
-    return f"{per}b+{base}"
+def _smem_formula(p: Plan) -> str:
+    """The scheduler's shared-memory formula as the facts write it (``4*(5b+1)``)."""
+    return str(p.sched_smem_formula)
 
 
 def _fmt_bytes(n: int) -> str:
@@ -78,7 +75,7 @@ def sched_smem(p: Plan):
     steps = -(-c.b // max_b)
     return [sched_smem.rule.finding(
         f"query rows {c.b} exceed the scheduler's limit {max_b} "
-        f"(expected {_smem_formula(p.gen['sched_smem'])} <= {limit} B shared memory on {p.gpu.name}, got {need} B)",
+        f"(expected {_smem_formula(p)} <= {limit} B shared memory on {p.gpu.name}, got {need} B)",
         subject=_subject(p),
         numbers={"b": c.b, "max_b": max_b, "smem_bytes": need, "smem_limit": limit},
         fix=f"split into at least {steps} calls of <= {max_b} rows each",
@@ -662,7 +659,7 @@ def sched_fallback(p: Plan):
     fb = p.gen["sched_smem"]["fallback"]
     fast = p.fast_sched_rows
     return [sched_fallback.rule.finding(
-        f"query rows {p.call.b} exceed the fast scheduler's {fast} (expected {_smem_formula(p.gen['sched_smem'])} "
+        f"query rows {p.call.b} exceed the fast scheduler's {fast} (expected {_smem_formula(p)} "
         f"<= {limit} B on {p.gpu.name}, got {need} B): {p.gen['build']} runs {fb['kernel']} instead; {fb['cost']}",
         subject=_subject(p), numbers={"b": p.call.b, "fast_b": fast, "smem_bytes": need, "smem_limit": limit},
         fix=f"keep calls at <= {fast} rows where step time matters (split the forward)")]

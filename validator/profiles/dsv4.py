@@ -21,6 +21,7 @@ from ..knowledge import load
 from ..names import ROUTABLE_MODES
 from ..ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
+from .rules import precompute_formula
 
 NAME = "sglang-dsv4"
 
@@ -224,7 +225,7 @@ def _precompute_runs(batch: Batch, version: dict, h_q: int) -> bool:
 def precompute_smem(data: dict, b: int, parts: int) -> int:
     """Dynamic shared memory of the engine's schedule precompute for ``b`` rows and ``parts``
     partitions, in bytes (what its guard compares with its budget)."""
-    return 4 * (data["ints_per_row"] * b + data["ints_fixed"] + data["meta_ints_per_part"] * parts)
+    return precompute_formula(data)(b=b, P=parts)
 
 
 def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool, switch: bool | None = None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..batch import RequestColumns
+from ..formula import Formula, formula_field
 from ..forward import forward_rows
 from ..knowledge import load
 from ..registry import rule
@@ -133,10 +134,10 @@ def _global_slots(bp) -> tuple[list[tuple[str, int]], list[str]]:
     return held, unknown
 
 
-def _precompute_bytes(data: dict, b: int, parts: int) -> int:
-    """The schedule precompute's dynamic shared memory for ``b`` rows and ``parts`` partitions:
-    ``4 * (5b + 1 + 8 * parts)`` bytes (the coefficients are the version's data)."""
-    return 4 * (data["ints_per_row"] * b + data["ints_fixed"] + data["meta_ints_per_part"] * parts)
+def precompute_formula(data: dict) -> Formula:
+    """The schedule precompute's dynamic shared memory in bytes for ``b`` rows and ``P`` partitions
+    (the version's ``sched_precompute.dynamic_bytes``, ``4*(5b+1+8P)``)."""
+    return formula_field(data, "dynamic_bytes", "engines.sglang-dsv4.sched_precompute", ("b", "P"))
 
 
 def precompute_safe_rows(p) -> int | None:
@@ -150,8 +151,7 @@ def precompute_safe_rows(p) -> int | None:
         if data is None or p.gpu.cc[0] not in data["cc_majors"] or p.call.h_q != data["h_q"]:
             continue
         parts = max(p.gpu.num_sms // p.call.s_q, 1)
-        fixed = _precompute_bytes(data, 0, parts) + data["static_bytes"]
-        safe = (data["guard_budget_bytes"] - fixed) // (4 * data["ints_per_row"])
+        safe = precompute_formula(data).largest("b", data["guard_budget_bytes"] - data["static_bytes"], P=parts)
         out = safe if out is None else min(out, safe)
     return out
 
@@ -188,6 +188,7 @@ def precompute_smem(bp):
         return None
     data, parts = pre["data"], pre["num_sm_parts"]
     budget, static = data["guard_budget_bytes"], data["static_bytes"]
+    dynamic = precompute_formula(data)
     out = []
     for dc in bp.calls:
         c = dc.call
@@ -195,7 +196,7 @@ def precompute_smem(bp):
             continue
         if pre["use_legacy"] is False and c.topk + (c.extra_topk or 0) < data["split_kv_min_topk"]:
             continue            # the current kernels do not split this call: no schedule to compute
-        need = _precompute_bytes(data, c.b, parts)
+        need = dynamic(b=c.b, P=parts)
         if need <= budget < need + static:
             out.append(precompute_smem.rule.finding(
                 f"{dc.name}: SGLang's schedule precompute for b = {c.b} rows needs {need} B dynamic + {static} B static "
@@ -204,8 +205,8 @@ def precompute_smem(bp):
                 subject=f"FlashMLA call {dc.name} of this {bp.batch.forward_mode} forward",
                 numbers={"rows": c.b, "dynamic_bytes": need, "static_bytes": static, "budget_bytes": budget,
                          "num_sm_parts": parts},
-                fix=f"keep the forward's rows below {(budget - static - _precompute_bytes(data, 0, parts)) // (4 * data['ints_per_row']) + 1} "
-                    f"or above {(budget - _precompute_bytes(data, 0, parts)) // (4 * data['ints_per_row'])} (split the batch), "
+                fix=f"keep the forward's rows below {dynamic.largest('b', budget - static, P=parts) + 1} "
+                    f"or above {dynamic.largest('b', budget, P=parts)} (split the batch), "
                     "or count the static bytes in the engine's guard"))
     return out
 
