@@ -47,6 +47,7 @@ import numpy as np
 
 from .errors import InputError
 from .fields import MAX_POSITION, MAX_TOKENS, column, ints_within
+from .modes import Mode
 from .names import SGLANG_MODE_METHODS, SGLANG_MODES
 
 
@@ -96,7 +97,7 @@ def _spec_on(batch: Any) -> bool:
     return str(name).upper() not in ("NONE", "", "NULL")
 
 
-def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> str | None:
+def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> Mode | None:
     """The validator's forward mode of a ScheduleBatch (None: idle, nothing runs)."""
     fm = batch.forward_mode
     name = fm if isinstance(fm, str) else getattr(fm, "name", None)
@@ -113,13 +114,13 @@ def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> str | None:
                 break
         else:
             raise InputError("forward_mode", f"cannot tell the forward mode of {fm!r}")
-    if mode == "decode" and draft_tokens > 0 and _spec_on(batch):
-        return "target_verify"
+    if mode is Mode.DECODE and draft_tokens > 0 and _spec_on(batch):
+        return Mode.TARGET_VERIFY
     return mode
 
 
-def _merged_decodes(batch: Any, mode: str, n: int) -> int:
-    if mode != "mixed":
+def _merged_decodes(batch: Any, mode: Mode, n: int) -> int:
+    if not mode.is_mixed():
         return 0
     dec = getattr(batch, "decoding_reqs", None)
     k = len(dec) if dec else 0
@@ -171,12 +172,12 @@ def _slots(batch: Any, members: int = 0) -> list:
     return slots
 
 
-def _beam_rows(batch: Any, mode: str) -> tuple[int, list]:
+def _beam_rows(batch: Any, mode: Mode) -> tuple[int, list]:
     """Beam-search member rows riding a decode batch (SGLang 0.5.23 ``ScheduleBatch.beam_tail``):
     ``(count, row ids)``; the batch's row columns (``seq_lens_cpu``, ``req_pool_indices_cpu``) hold
     them after the requests' own rows."""
     tail = getattr(batch, "beam_tail", None)
-    if tail is None or mode not in ("decode", "target_verify"):
+    if tail is None or not mode.is_decode_or_verify():
         return 0, []
     base = tail.num_base_rows
     if base != len(batch.reqs):
@@ -219,8 +220,8 @@ def sglang_lists(batch: Any, checker) -> dict | None:
     if mode is None or n == 0:
         return None
     members, member_ids = _beam_rows(batch, mode)
-    out: dict = {"forward_mode": mode, "rids": [str(r.rid) for r in reqs] + member_ids}
-    if mode in ("extend", "mixed") or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
+    out: dict = {"forward_mode": mode.value, "rids": [str(r.rid) for r in reqs] + member_ids}
+    if mode.is_routable() or (mode.is_draft_extend() and getattr(batch, "extend_lens", None) is not None):
         out["extend_lens"] = _extend_lens(batch, n)
         pre = getattr(batch, "prefix_lens", None)
         if pre is not None:
@@ -228,7 +229,7 @@ def sglang_lists(batch: Any, checker) -> dict | None:
         else:
             out["seq_lens"] = _seq_lens(batch)
         out["num_merged_decodes"] = _merged_decodes(batch, mode, n)
-        if mode in ("extend", "mixed"):
+        if mode.is_routable():
             _check_extend_num_tokens(batch, int(sum(out["extend_lens"])))
     else:
         out["seq_lens"] = _seq_lens(batch)
@@ -245,20 +246,20 @@ def _sglang_fast(batch: Any, checker) -> tuple | None:
     mode = SGLANG_MODES.get(name, "?") if name.__class__ is str else "?"
     if mode == "?":
         mode = sglang_forward_mode(batch, checker.draft_tokens)
-    elif mode == "decode" and checker.draft_tokens > 0 and _spec_on(batch):
-        mode = "target_verify"
+    elif mode is Mode.DECODE and checker.draft_tokens > 0 and _spec_on(batch):
+        mode = Mode.TARGET_VERIFY
     reqs = batch.reqs
     n = len(reqs)
     if mode is None or n == 0:
         return None
     ext, k = None, 0
-    if mode == "extend" or mode == "mixed" or (mode == "draft_extend" and getattr(batch, "extend_lens", None) is not None):
+    if mode.is_routable() or (mode is Mode.DRAFT_EXTEND and getattr(batch, "extend_lens", None) is not None):
         ext = getattr(batch, "extend_lens", None)
         if not (ext.__class__ is list and len(ext) == n and ints_within(ext, 0, MAX_TOKENS)):
             ext = column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
-        if mode == "mixed":
+        if mode is Mode.MIXED:
             k = _merged_decodes(batch, mode, n)
-        if mode != "draft_extend":
+        if mode is not Mode.DRAFT_EXTEND:
             _check_extend_num_tokens(batch, int(sum(ext)))
     members = _beam_rows(batch, mode)[0] if getattr(batch, "beam_tail", None) is not None else 0
     pad = _padded_rows(batch) if getattr(batch, "global_num_tokens", None) is not None else None
@@ -340,10 +341,10 @@ def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
     return drafts
 
 
-def _vllm_mode(toks: list, prefix: list) -> str:
+def _vllm_mode(toks: list, prefix: list) -> Mode:
     if max(toks) == 1 and min(toks) == 1 and min(prefix) > 0:
-        return "decode"
-    return "extend"
+        return Mode.DECODE
+    return Mode.EXTEND
 
 
 def vllm_lists(out: Any, checker) -> dict | None:
@@ -374,9 +375,9 @@ def vllm_lists(out: Any, checker) -> dict | None:
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     prefix = column(prefix, "num_computed_tokens", 0, MAX_POSITION, len(toks))
     ids = [str(r) for r in rids]
-    if _vllm_mode(toks, prefix) == "decode":
-        return {"forward_mode": "decode", "rids": ids, "seq_lens": [p + 1 for p in prefix]}
-    return {"forward_mode": "extend", "rids": ids, "extend_lens": toks, "prefix_lens": prefix}
+    if _vllm_mode(toks, prefix).is_decode():
+        return {"forward_mode": Mode.DECODE.value, "rids": ids, "seq_lens": [p + 1 for p in prefix]}
+    return {"forward_mode": Mode.EXTEND.value, "rids": ids, "extend_lens": toks, "prefix_lens": prefix}
 
 
 def _vllm_fast(out: Any, checker) -> tuple | None:
@@ -388,11 +389,11 @@ def _vllm_fast(out: Any, checker) -> tuple | None:
         # a vLLM profile's bound is on the step's tokens: the decode kernel's rows (requests or
         # tokens) and the mixed call's s_q never exceed them; past the bound the full check splits
         # the step as the backend does
-        return ("decode" if max(toks) == 1 else "extend"), sum(toks), None
-    mode = "extend"
+        return (Mode.DECODE if max(toks) == 1 else Mode.EXTEND), sum(toks), None
+    mode = Mode.EXTEND
     if checker.threshold is not None:  # decode or extend matters only where extend forwards are routed
         lists = vllm_lists(out, checker)
-        mode = lists["forward_mode"]
+        mode = Mode(lists["forward_mode"])
     return mode, sum(toks), None
 
 

@@ -28,11 +28,11 @@ from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_array_within, in
 from .flashmla.calls import MAX_ROWS
 from .knowledge import GPU, build, load, resolve_gpu
 from .limits import echo
+from .modes import Mode
 from .names import (
     BATCH_SETTINGS,
     ENV_SETTINGS,
     FORWARD_MODES,
-    MODE_ALIASES,
     SETTING_FALLBACKS,
     check_server_arg,
     env_value,
@@ -203,7 +203,7 @@ class Batch:
     profiles: tuple[tuple[str, str | None], ...]   # (profile name, version or None)
     gpu: GPU
     server_args: Mapping[str, Any]
-    forward_mode: str
+    forward_mode: Mode
     requests: tuple[Request, ...]
     running: tuple[Request, ...] = ()
     padded_rows: int | None = None
@@ -213,6 +213,10 @@ class Batch:
     kernel_build: str | None = None    # the FlashMLA build it runs on (None: the engine version's)
     cuda_graph: Mapping[str, int] | None = None   # a replayed CUDA graph: captured_rows, metadata_rows
     notes: tuple = ()                  # how the input was read as the engine runs it
+
+    def __post_init__(self):
+        if self.forward_mode.__class__ is not Mode:    # a mode's name: the one type from here on
+            object.__setattr__(self, "forward_mode", Mode.parse(self.forward_mode))
 
     def arg(self, name: str, default: Any = None) -> Any:
         v = self.server_args.get(name)
@@ -229,17 +233,19 @@ class Batch:
     @property
     def mixed(self) -> bool:
         """Running decodes are merged into this extend forward (``--enable-mixed-chunk``)."""
-        if self.forward_mode == "mixed":
+        if self.forward_mode.is_mixed():
             return True
-        return self.forward_mode == "extend" and bool(self.arg("enable_mixed_chunk", False)) and bool(self.running)
+        return self.forward_mode is Mode.EXTEND and bool(self.arg("enable_mixed_chunk", False)) and bool(self.running)
 
     def with_requests(self, reqs: Sequence[Request]) -> "Batch":
         return replace(self, requests=reqs if isinstance(reqs, RequestColumns) else tuple(reqs))
 
-    def for_step(self, forward_mode: str, requests: Sequence[Request], padded_rows: int | None) -> "Batch":
-        """This configuration with another step's mode, requests and padding. The configuration was
-        validated when this batch was made, so the copy skips the constructor (a guard makes one per
-        step)."""
+    def for_step(self, forward_mode: Mode | str, requests: Sequence[Request], padded_rows: int | None) -> "Batch":
+        """This configuration with another step's mode (a :class:`Mode` or its name), requests and
+        padding. The configuration was validated when this batch was made, so the copy skips the
+        constructor (a guard makes one per step)."""
+        if forward_mode.__class__ is not Mode:
+            forward_mode = Mode.parse(forward_mode)
         b = object.__new__(Batch)
         b.__dict__.update(self.__dict__)
         b.__dict__.update(forward_mode=forward_mode, requests=requests, padded_rows=padded_rows)
@@ -248,7 +254,7 @@ class Batch:
     def to_doc(self) -> dict:
         eng = [f"{n}@{v}" if v else n for n, v in self.profiles]
         d: dict = {"engine": eng[0] if len(eng) == 1 else eng, "gpu": self.gpu.name,
-                   "server_args": dict(self.server_args), "forward_mode": self.forward_mode,
+                   "server_args": dict(self.server_args), "forward_mode": self.forward_mode.value,
                    "requests": [_req_doc(r) for r in self.requests]}
         if self.running:
             d["running"] = [_req_doc(r) for r in self.running]
@@ -454,15 +460,11 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     mode = doc.get("forward_mode")
     if mode is None:
         raise InputError("forward_mode", f"missing (one of {', '.join(FORWARD_MODES)})")
-    if not isinstance(mode, str):
-        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {echo(mode)}")
-    mode = MODE_ALIASES.get(mode.lower(), mode.lower())
-    if mode not in FORWARD_MODES:
-        raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)}, got {echo(doc.get('forward_mode'))}")
+    mode = Mode.parse(mode, "forward_mode")
     notes: tuple = ()
     spec = speculative_algorithm(sa)
-    if mode == "decode" and spec is not None:
-        mode = "target_verify"
+    if mode.is_decode() and spec is not None:
+        mode = Mode.TARGET_VERIFY
         notes = (f"forward_mode decode runs as target_verify: with speculative_algorithm {spec} the engine verifies "
                  f"every decode step on the target model (batch size x speculative_num_draft_tokens rows)",)
     reqs_raw = doc.get("requests")
@@ -470,7 +472,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
         raise InputError("requests", "expected a non-empty list of requests in this forward")
     if len(reqs_raw) > MAX_REQUESTS:
         raise InputError("requests", f"{len(reqs_raw)} requests is absurd (expected <= {MAX_REQUESTS})")
-    default_decode = mode in ("decode", "target_verify")
+    default_decode = mode.is_decode_or_verify()
     reqs = request_columns(reqs_raw)
     if reqs is None:
         reqs = tuple(parse_request(r, f"requests[{i}]", default_decode, i) for i, r in enumerate(reqs_raw))

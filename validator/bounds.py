@@ -20,6 +20,7 @@ import numpy as np
 from .batch import Batch, RequestColumns
 from .evaluate import EngineSetup, evaluate
 from .flashmla.calls import MAX_ROWS
+from .modes import Mode
 from .names import ROUTABLE_MODES
 from .ruleset import forward_rules, generation
 from .search import largest_legal
@@ -79,8 +80,9 @@ class StepBounds:
             return MAX_ROWS
         return min(self.max_rows, self.sched_free_rows, self.threshold if self.threshold is not None else self.max_rows)
 
-    def decide(self, mode: str, rows: int, max_slot: int | None) -> bool | None:
-        """Legality from the row count and the largest slot; None when only the full check can tell."""
+    def decide(self, mode: Mode | str, rows: int, max_slot: int | None) -> bool | None:
+        """Legality from the row count and the largest slot; None when only the full check can tell.
+        ``mode``: a :class:`Mode`, or its name (a guard's lean path passes the name it was given)."""
         if not self.complete:
             return None
         if max_slot is not None and self.max_slot is not None and (max_slot > self.max_slot or max_slot < 0):
@@ -102,22 +104,22 @@ class StepBounds:
             return None
         return True
 
-    def row_rule(self, mode: str, merged: int) -> RowRule | None:
+    def row_rule(self, mode: Mode, merged: int) -> RowRule | None:
         """The row predicate of a step of this mode, when rows alone decide it (no slots, every rule
         covered); None otherwise (the split then checks each candidate step in full)."""
         if not self.complete or not self.has_rows or self.has_slots or not self.decode_ok:
             return None
-        if self.routed_full and mode in ROUTABLE_MODES and self.threshold is not None:
+        if self.routed_full and mode.is_routable() and self.threshold is not None:
             return None
         if self.row_modes is not None and mode not in self.row_modes:
             return None
-        thr = self.threshold if (mode in ROUTABLE_MODES and self.routed_ok) else None
+        thr = self.threshold if (mode.is_routable() and self.routed_ok) else None
         return RowRule(self.max_rows, thr, merged)
 
 
 def probe_step(batch: Batch) -> Batch:
     """The configuration of ``batch`` with a one-request decode step (what the configuration probe checks)."""
-    return replace(batch, forward_mode="decode", requests=RequestColumns(1, ["probe"], None, None, [1], None, 0),
+    return replace(batch, forward_mode=Mode.DECODE, requests=RequestColumns(1, ["probe"], None, None, [1], None, 0),
                    running=(), padded_rows=None)
 
 
@@ -174,7 +176,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, kernel: str | None = None) -
                 if safe is not None:
                     sched_free = min(sched_free, safe)
         if threshold is not None:
-            routed = replace(template, forward_mode="extend",
+            routed = replace(template, forward_mode=Mode.EXTEND,
                              requests=RequestColumns(1, ["probe"], [threshold + 1], [0]))
             routed_ok = evaluate(routed, kernel, setup=setup).legal
     max_slot = None

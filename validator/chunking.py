@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from .batch import Batch, Request
 from .errors import InputError
 from .knowledge import load
-from .names import ROUTABLE_MODES
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ def chunk_spec(batch: Batch) -> dict | None:
 
 def chunk_budget(batch: Batch) -> tuple[int, int, dict] | None:
     """``(chunk size, page size, spec)`` when chunked prefill is configured for this batch's engine."""
-    if batch.forward_mode not in ROUTABLE_MODES:
+    if not batch.forward_mode.is_routable():
         return None
     spec = chunk_spec(batch)
     if spec is None:

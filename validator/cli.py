@@ -313,17 +313,9 @@ def check(
         _fail_input(output, e, name_of(file, engine, example))
     name = name_of(file, engine, example)
     if output.mode in ("json", "jsonl"):
-        d = {"schema": SCHEMA_VERSIONS["report"], **report.to_dict()}
-        d.update(payload)
-        if kernel_result is not None:
-            d["kernel"] = kernel_result
-        if repro is not None:
-            d["reproduction"] = repro
-        if matrix is not None:
-            d["across_builds"] = matrix
-        if stats:
-            d["statistics"] = formats.statistics([{"findings": d["findings"]}])
-        output.json(d)
+        report.kernel, report.reproduction, report.across_builds = kernel_result, repro, matrix
+        counts = formats.statistics([{"findings": [f.to_dict() for f in report.findings]}]) if stats else None
+        output.json(report.document(SCHEMA_VERSIONS["report"], counts))
     elif output.is_ci:
         unit = report_unit(name, report)
         output.write(formats.render(output.mode, [unit]))
@@ -403,14 +395,14 @@ def check_corpus(directory: str, gpu, kernel, output: Output, select: list[str],
     units, reports = [], []
     for path in files:
         try:
-            report, payload = check_documents(path, gpu, kernel)
+            report, _ = check_documents(path, gpu, kernel)
         except InputError as e:
             units.append(formats.bad_input_unit(path, e))
             reports.append(None)
             continue
         filter_findings(report, select, ignore)
         units.append(report_unit(path, report))
-        reports.append({"schema": SCHEMA_VERSIONS["report"], **report.to_dict(), **payload})
+        reports.append(report.document(SCHEMA_VERSIONS["report"]))
     counts = formats.statistics(units)
     if output.mode == "json":
         doc = {"schema": SCHEMA_VERSIONS["corpus"], "directory": directory,

@@ -12,7 +12,7 @@ from .batch import Batch
 from .flashinfer.calls import version as flashinfer_version
 from .knowledge import build
 from .profiles import BatchPlan, get_profile, resolve_version
-from .report import Finding, Report
+from .report import BatchContext, Finding, Report
 from .ruleset import run_rules
 
 
@@ -115,11 +115,8 @@ def evaluate(batch: Batch, kernel: str | None = None, memo=None, setup: EngineSe
     ``rows_only``: they read only rows and the configuration, so no per-row lengths are built)."""
     bp = plan_batch(batch, kernel, memo, setup, rows_only)
     findings = call_findings(bp, only) + run_rules("batch", bp, only)
-    report = Report(findings, [c.plan for c in bp.calls])
-    report.defer_context(lambda: {"kind": "batch", "batch": {"label": batch.label, "gpu": batch.gpu.to_dict(),
-                                                             "requests": len(batch.requests),
-                                                             "running": len(batch.running)},
-                                  "kernel_build": setup.kernel_build, **bp.to_dict(),
-                                  **({"notes": list(batch.notes)} if batch.notes else {})})
-    report.batch_plan = bp
+    report = Report(findings, [c.plan for c in bp.calls], batch_plan=bp)
+    report.defer_context(lambda: BatchContext(
+        {"label": batch.label, "gpu": batch.gpu.to_dict(), "requests": len(batch.requests), "running": len(batch.running)},
+        setup.kernel_build, bp.to_dict(), tuple(batch.notes)))
     return report

@@ -13,7 +13,7 @@ import numpy as np
 from .batch import Batch, request_arrays
 from .errors import InputError
 from .fields import total
-from .names import ROUTABLE_MODES
+from .modes import Mode
 
 
 def draft_tokens(batch: Batch) -> int:
@@ -27,7 +27,7 @@ def _no_draft(what: str):
                       "draft_extend needs extend_tokens per request or server_args.speculative_num_draft_tokens")
 
 
-def query_rows(mode: str, n: int, extend, merged: int, padded_rows: int | None, draft: int) -> int:
+def query_rows(mode: Mode | str, n: int, extend, merged: int, padded_rows: int | None, draft: int) -> int:
     """Query rows ``T`` of one forward: the one row counter.
 
     ``n`` requests; ``extend``: new tokens per request (a list or an int64 array; None for decode and
@@ -35,15 +35,15 @@ def query_rows(mode: str, n: int, extend, merged: int, padded_rows: int | None, 
     merged into it (one row each, whatever ``extend`` says for them); ``draft``: speculative draft
     tokens. Extend: new tokens (+ merged decodes); decode: one row per request; target verify:
     ``n x draft``; draft extend: each request's tokens, or ``draft`` when it has none. Padding rows
-    count when they are more.
+    count when they are more. ``mode``: a :class:`Mode` (or its name: it compares equal).
     """
-    if mode == "decode":
+    if mode == Mode.DECODE:
         rows = n
-    elif mode == "target_verify":
+    elif mode == Mode.TARGET_VERIFY:
         if draft <= 0:
             raise _no_draft("verify")
         rows = n * draft
-    elif mode == "draft_extend":
+    elif mode == Mode.DRAFT_EXTEND:
         if extend is None:
             if draft <= 0:
                 raise _no_draft("draft")
@@ -68,13 +68,13 @@ def request_rows(batch: Batch) -> list[int]:
     mode = batch.forward_mode
     d = draft_tokens(batch)
     ext, _, _, is_dec = request_arrays(batch.requests)
-    if mode == "target_verify":
+    if mode.is_target_verify():
         if d <= 0:
             raise _no_draft("verify")
         return [d] * len(batch.requests)
-    if mode == "decode":
+    if mode.is_decode():
         return [1] * len(batch.requests)
-    per = np.where(is_dec, 1, np.where(ext > 0, ext, d) if mode == "draft_extend" else ext)
+    per = np.where(is_dec, 1, np.where(ext > 0, ext, d) if mode.is_draft_extend() else ext)
     return per.tolist()
 
 
@@ -83,16 +83,16 @@ def forward_rows(batch: Batch) -> tuple[int, dict]:
     mode = batch.forward_mode
     d = draft_tokens(batch)
     n = len(batch.requests)
-    if mode in ROUTABLE_MODES:
+    if mode.is_routable():
         ext_a, _, _, is_dec = request_arrays(batch.requests)
         ext, dec_in = int(ext_a[~is_dec].sum()), int(is_dec.sum())
         merged = len(batch.running) if batch.mixed else 0
         bd = {"extend_tokens": ext, "decode_rows_in_forward": dec_in, "merged_running_decodes": merged}
-        rows = query_rows("extend", n, np.where(is_dec, 1, ext_a), 0, None, d) + merged
-    elif mode == "decode":
+        rows = query_rows(Mode.EXTEND, n, np.where(is_dec, 1, ext_a), 0, None, d) + merged
+    elif mode.is_decode():
         rows = query_rows(mode, n, None, 0, None, d)
         bd = {"decode_requests": rows}
-    elif mode == "target_verify":
+    elif mode.is_target_verify():
         rows = query_rows(mode, n, None, 0, None, d)
         bd = {"requests": n, "draft_tokens": d}
     else:  # draft_extend

@@ -14,7 +14,8 @@ from .adapters import step_lists
 from .errors import InputError
 from .fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, column, count, int_arg
 from .flashmla.calls import MAX_ROWS
-from .names import ROUTABLE_MODES, parse_mode
+from .modes import Mode
+from .names import parse_mode
 from .search import largest_legal
 
 
@@ -28,7 +29,7 @@ class Headroom:
     closed range of additions that are illegal.
     """
 
-    forward_mode: str
+    forward_mode: Mode
     rows: int                          # query rows of the step now
     max_rows: int | None               # rows the decode kernel takes (None: no row limit)
     threshold: int | None              # routing threshold for this forward (None: never routed)
@@ -70,7 +71,7 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
     are part of the step checked).
     """
     b = checker.bounds
-    if type(step) is not str:
+    if not isinstance(step, str):       # an engine object (a Mode is a str)
         lists = step_lists(step, checker)
         if lists is None:
             step, extend_lens, seq_lens = "extend", None, None
@@ -78,7 +79,7 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
             step = lists["forward_mode"]
             extend_lens, seq_lens = lists.get("extend_lens"), lists.get("seq_lens")
             padded_rows = lists.get("padded_rows")
-    mode = parse_mode(step) or "extend"
+    mode = parse_mode(step) or Mode.EXTEND
     if extend_lens is not None:
         extend_lens = column(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
     if seq_lens is not None:
@@ -90,23 +91,23 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
     running = int_arg(num_running_decodes, "num_running_decodes", 0, MAX_REQUESTS)
     d = checker.draft_tokens
     merged = 0
-    if mode in ROUTABLE_MODES:
-        rows = checker.step_rows("extend", n, extend_lens, 0, None) if extend_lens is not None else 0
-        merged = running if (mode == "mixed" or checker.mixed_chunk) else 0
+    if mode.is_routable():
+        rows = checker.step_rows(Mode.EXTEND, n, extend_lens, 0, None) if extend_lens is not None else 0
+        merged = running if (mode.is_mixed() or checker.mixed_chunk) else 0
         rows += merged
         per = 1
-    elif mode == "draft_extend":
+    elif mode.is_draft_extend():
         per = d if d > 0 else 1
         rows = checker.step_rows(mode, n, extend_lens, 0, None) if (extend_lens is not None or d > 0) else 0
     else:
         rows = checker.step_rows(mode, n, None, 0, None)
-        per = rows // n if n else (d if mode == "target_verify" else 1)
+        per = rows // n if n else (d if mode.is_target_verify() else 1)
     if padded_rows is not None:
         rows = max(rows, int_arg(padded_rows, "padded_rows", 0, MAX_ROWS))
     notes = []
-    if mode in ROUTABLE_MODES and running and not merged:
+    if mode.is_routable() and running and not merged:
         notes.append(f"{running} running decode(s) run in their own forward (mixed chunking is off)")
-    if not b.complete or (b.routed_full and mode in ROUTABLE_MODES):   # late-layer tails: rows do not decide
+    if not b.complete or (b.routed_full and mode.is_routable()):   # late-layer tails: rows do not decide
         return _by_full_checks(checker, mode, rows, per, n, extend_lens, seq_lens, prefix_lens, req_pool_indices,
                                padded_rows, merged, notes)
     if not b.has_rows:
@@ -116,7 +117,7 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
         notes.append(f"above {b.slow_above} rows {checker.kernel_build}'s scheduler falls back to its low-shared-memory "
                      f"kernel: legal, about 7-8x slower per call")
     L = min(b.max_rows, b.sched_free_rows)
-    thr = b.threshold if mode in ROUTABLE_MODES else None
+    thr = b.threshold if mode.is_routable() else None
     routed_ok = b.routed_ok
     decode_ok = b.decode_ok
     if thr is not None and rows > thr:
@@ -138,11 +139,11 @@ def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: A
         notes.append(f"with routing, adding {to_route} or more rows sends the step to flash_mla_sparse_fwd "
                      f"(legal again); adding " + (f"{gap[0]}..{gap[1]} rows" if gap else "no number of rows")
                      + f" lands in {L + 1}..{thr} rows, which still reach the decode kernel and crash")
-    elif mode not in ROUTABLE_MODES and b.threshold is not None:
+    elif not mode.is_routable() and b.threshold is not None:
         notes.append(f"{mode} forwards are never routed: the decode kernel's {L} rows is a hard limit")
     if rows > L:
         notes.append(f"{rows} rows already exceed the decode kernel's {L}: split the step")
-    if rows == 0 and mode in ROUTABLE_MODES:
+    if rows == 0 and mode.is_routable():
         notes.append("an empty step is not launched")
     return Headroom(mode, rows, b.max_rows, thr, False, legal, more, more // per, to_route, gap, per,
                     decode_ok, "; ".join(notes), b.slow_above)
@@ -165,7 +166,7 @@ def _by_full_checks(checker, mode, rows, per, n, ext, seq, pre, slots, pad, merg
     seq = list(seq) if seq is not None else None
 
     def legal(x: int) -> bool:
-        if mode in ROUTABLE_MODES or (mode == "draft_extend" and ext is not None):
+        if mode.is_routable() or (mode.is_draft_extend() and ext is not None):
             e = (ext or []) + ([x] if x else [])
             if not e or (rows + x - merged) <= 0:
                 return False
@@ -184,7 +185,7 @@ def _by_full_checks(checker, mode, rows, per, n, ext, seq, pre, slots, pad, merg
     more = 0
     if legal_now and cap > 0:
         more = largest_legal(legal, 0, cap, cap)[0] or 0
-    thr = b.threshold if mode in ROUTABLE_MODES else None
+    thr = b.threshold if mode.is_routable() else None
     to_route = gap = None
     if thr is not None and rows <= thr and legal(thr + 1 - rows):
         to_route = thr + 1 - rows

@@ -13,6 +13,7 @@ from typing import Any
 from .errors import InputError
 from .knowledge import load
 from .limits import echo
+from .modes import ALIASES, SGLANG_ENUM, SGLANG_METHODS, Mode
 
 _TYPES = {"int": int, "bool": bool, "str": str}
 _DATA = load("settings")
@@ -66,17 +67,16 @@ def env_value(name: str, value: Any, where: str) -> Any:
         return value.strip().lower() if choices else value
     return value
 
-_MODES = _DATA["forward_modes"]
-#: the validator's forward modes
-FORWARD_MODES: tuple = tuple(_MODES["modes"])
+#: the validator's forward modes (:class:`~validator.modes.Mode`), in the table's order
+FORWARD_MODES: tuple = tuple(Mode)
 #: forward modes whose extend forwards an engine may route to a prefill kernel
-ROUTABLE_MODES: tuple = tuple(_MODES["routable"])
+ROUTABLE_MODES: tuple = tuple(m for m in Mode if m.is_routable())
 #: other names users write for a mode (None: idle)
-MODE_ALIASES = MappingProxyType(_MODES["aliases"])
+MODE_ALIASES = MappingProxyType(ALIASES)
 #: SGLang ``ForwardMode`` enum names -> mode (None: idle)
-SGLANG_MODES = MappingProxyType(_MODES["sglang_enum"])
+SGLANG_MODES = MappingProxyType(SGLANG_ENUM)
 #: SGLang ``ForwardMode`` predicate methods, asked in this order when a mode has no name
-SGLANG_MODE_METHODS: tuple = tuple((m, mode) for m, mode in _MODES["sglang_methods"])
+SGLANG_MODE_METHODS: tuple = SGLANG_METHODS
 
 
 def normalize_setting(name: str) -> str:
@@ -85,30 +85,17 @@ def normalize_setting(name: str) -> str:
     return SETTING_ALIASES.get(key, key)
 
 
-def normalize_mode(name: str) -> str | None:
+def normalize_mode(name: str) -> Mode | None:
     """A forward mode name or alias -> the mode (None: idle). Raises KeyError when unknown."""
     low = name.strip().lower()
     if low in FORWARD_MODES:
-        return low
+        return Mode(low)
     return MODE_ALIASES[low]
 
 
-_MODE_NAMES: dict = {**{m: m for m in FORWARD_MODES}, **MODE_ALIASES, "idle": None}
-
-
-def parse_mode(forward_mode: Any) -> str | None:
+def parse_mode(forward_mode: Any) -> Mode | None:
     """Normalize a forward mode name; ``None`` means idle (nothing runs)."""
-    m = _MODE_NAMES.get(forward_mode, "?") if type(forward_mode) is str else "?"
-    if m != "?":
-        return m
-    if type(forward_mode) is str:
-        low = forward_mode.lower()
-        if low == "idle":
-            return None
-        m = _MODE_NAMES.get(low, "?")
-        if m != "?":
-            return m
-    raise InputError("forward_mode", f"expected one of {', '.join(FORWARD_MODES)} or idle, got {echo(forward_mode)}")
+    return Mode.parse(forward_mode, idle=True)
 
 
 # ----------------------------------------------------------------------------------- server-argument names

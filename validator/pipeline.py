@@ -69,14 +69,12 @@ def check_engine_steps(b: Batch, steps: list, kernel: str | None = None, split: 
     if shown is None:
         shown = max(range(len(reports)), key=lambda i: rows[i] or 0)
     size, page, spec = chunk_budget(b)
-    report = reports[shown]
-    report.context = {**report.context, "engine_steps": {
+    return reports[shown].with_engine_steps({
         "setting": spec["setting"], "chunk_size": size, "page_size": page, "shown_step": shown + 1,
         "requested_extend_tokens": sum(r.extend_tokens for r in b.requests if not r.is_decode),
         "source": spec["source"],
         "steps": [{"step": i + 1, "pieces": list(st.pieces), "query_rows": rows[i], "legal": r.legal,
-                   "codes": r.codes} for i, (st, r) in enumerate(zip(steps, reports))]}}
-    return report
+                   "codes": r.codes} for i, (st, r) in enumerate(zip(steps, reports))]})
 
 
 def check_batch_document(doc: Any, gpu: Any = None, kernel: str | None = None) -> tuple[Report, dict]:

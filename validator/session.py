@@ -9,7 +9,7 @@ from .errors import InputError
 from .inputs import is_device_header, load_documents
 from .knowledge import GPU, gpu_from_fields, resolve_gpu
 from .pipeline import check_batch_document
-from .report import Report
+from .report import CallsContext, Report
 
 
 def split_device_header(docs: list, gpu_opt: Optional[str]) -> tuple[list, GPU]:
@@ -34,6 +34,6 @@ def check_documents(path: str, gpu: Optional[str], kernel: Optional[str]) -> tup
     if not docs:
         raise InputError("FILE", "no call records")
     report = check_calls(docs, g, kernel)
-    payload = {"kind": "calls", "gpu": report.plans[0].gpu.to_dict() if report.plans else None,
-               "calls": [p.to_dict(with_schedule=False) for p in report.plans]}
-    return report, payload
+    report.context = CallsContext(report.plans[0].gpu.to_dict() if report.plans else None,
+                                  [p.to_dict(with_schedule=False) for p in report.plans])
+    return report, report.context

@@ -15,7 +15,6 @@ from typing import Callable
 from .batch import Batch, Request, RequestColumns, request_arrays
 from .bounds import RowRule
 from .forward import request_rows
-from .names import ROUTABLE_MODES
 from .ruleset import get_rule
 from .search import largest_legal
 
@@ -132,7 +131,7 @@ def _min_contiguous(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[in
 
 def _chunked(batch: Batch, step_ok: Callable[[int], bool], cap: int) -> list[list[dict]] | None:
     """Greedy chunking: each step takes the largest legal number of remaining tokens."""
-    if batch.forward_mode not in ROUTABLE_MODES:
+    if not batch.forward_mode.is_routable():
         return None
     items = [[r, r.extend_tokens, 0] for r in batch.requests if not r.is_decode]
     decodes = [r for r in batch.requests if r.is_decode]
@@ -286,13 +285,13 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
         more = " (and possibly more)" if len(bad) >= MAX_NAMED or asked >= MAX_SINGLE_CHECKS else ""
         unchunked_reason = f"request(s) {', '.join(bad)}{more} are illegal even alone; they need chunking"
     chunked = None
-    if pred is not None and batch.forward_mode in ROUTABLE_MODES:
+    if pred is not None and batch.forward_mode.is_routable():
         chunked = _chunked(batch, pred, bounds.max_rows - merged)
         if chunked is not None and not all(legal(_chunk_requests(batch, st)) for st in chunked):
             chunked = None
     naive = None
     is_dec = request_arrays(reqs)[3]
-    if batch.forward_mode in ROUTABLE_MODES and (batch.running or bool(is_dec.any())):
+    if batch.forward_mode.is_routable() and (batch.running or bool(is_dec.any())):
         prefills = [k for k in range(n) if not is_dec[k]]
         # a prefill alone: by the row rule when it decides, else a full check (at most MAX_SINGLE_CHECKS)
         one = (lambda k: pred(costs[k])) if pred is not None else (lambda k: legal(reqs[k:k + 1]))

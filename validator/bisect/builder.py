@@ -14,6 +14,7 @@ from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import RankTimeline
 from ..ingest.sglang_log import Step
+from ..modes import Mode
 from ..profiles.slots import default_extra_slots
 from .data import default_max_prefill_tokens, in_model_family
 from .docs import MAX_SYNTH_REQUESTS, decode_doc, prefill_doc, server_args, spec_tokens
@@ -158,10 +159,10 @@ class Builder:
         is_spec = spec > 0 or (d is not None and d.is_spec)
         limit = self.cfg.running_limit_per_rank()
         hi = max(running, limit or running)
-        mode = "target_verify" if is_spec and spec > 0 else "decode"
+        mode = Mode.TARGET_VERIFY if is_spec and spec > 0 else Mode.DECODE
         sl = running_len(d, running)
         basis = [src]
-        if mode == "target_verify":
+        if mode.is_target_verify():
             basis.append(f"speculative decoding verifies {spec} draft tokens per request: rows = batch size x {spec}")
         elif is_spec:
             basis.append("speculative decoding is on but the draft-token count is unknown "
@@ -172,7 +173,7 @@ class Builder:
         def make(v: int, version: str | None) -> dict:
             return decode_doc(self.profile, version, self.gpu, self.sa(), v, sl, mode,
                               f"decode step on {rank} with {v} running request(s)")
-        kind = "verify" if mode == "target_verify" else "decode"
+        kind = "verify" if mode.is_target_verify() else "decode"
         c = Candidate(rank, kind, f"a {'verify' if kind == 'verify' else 'decode'} step near line {last.line_no}",
                       "batch size", running, hi, running, False, basis, make, last, list(self.versions))
         c.assumptions.append(f"assumption: every running request holds {sl} tokens (the line gives only the count "
@@ -224,7 +225,7 @@ class Builder:
             basis.append(f"PD decode worker: requests keep their pre-allocated slot, so live slots reach R + E = {R} + {E} = {table_max}")
         spec = spec_tokens(self.cfg)
         draft = spec > 0 or bool(self.cfg.get("speculative_algorithm"))
-        mode = "draft_extend" if draft else "decode"
+        mode = Mode.DRAFT_EXTEND if draft else Mode.DECODE
         if idx is not None:
             lo_v, hi_v, likely, exact = idx, idx, idx, True
         else:

@@ -3,6 +3,7 @@ decode steps with a given number of rows, requests or a given slot."""
 from __future__ import annotations
 
 from ..ingest.launch import EngineConfig
+from ..modes import Mode
 from ..names import BATCH_SETTINGS, ENV_SETTINGS, env_value
 
 MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
@@ -76,7 +77,7 @@ def prefill_doc(profile, version, gpu, sa, n_seq, rows, cached, running, running
     return doc
 
 
-def decode_doc(profile, version, gpu, sa, n, seq_len, mode, label, slot: int | None = None,
+def decode_doc(profile, version, gpu, sa, n, seq_len, mode: Mode, label, slot: int | None = None,
                slots_used: int | None = None) -> dict:
     """A decode-like step (``mode``) of ``n`` requests; with ``slot``, the last request holds that slot
     and the others the lowest free ones."""
@@ -96,11 +97,11 @@ def decode_doc(profile, version, gpu, sa, n, seq_len, mode, label, slot: int | N
                     nxt += 1
                 r["req_pool_idx"] = nxt
                 taken.add(nxt)
-        if mode == "draft_extend":
+        if mode.is_draft_extend():
             r = {"id": r["id"], "extend_tokens": max(int(sa.get("speculative_num_draft_tokens") or 1), 1),
                  "prefix_len": seq_len, **({"req_pool_idx": r["req_pool_idx"]} if "req_pool_idx" in r else {})}
         reqs.append(r)
-    doc = {"label": label, "engine": engine_name(profile, version), "server_args": sa, "forward_mode": mode,
+    doc = {"label": label, "engine": engine_name(profile, version), "server_args": sa, "forward_mode": mode.value,
            "requests": reqs}
     if gpu is not None:
         doc["gpu"] = gpu

@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
+from ..modes import Mode
 from .builder import Builder
 from .docs import decode_doc, prefill_doc, spec_tokens
 from .results import Candidate
@@ -38,7 +39,7 @@ def candidates_without_steps(b: Builder, cfg: EngineConfig, err: ErrorEvent | No
             n = len(decoding)
             sl = sum((r.prompt_tokens or 0) + (r.completion_tokens or 0) for r in decoding) // n or 1
             spec = spec_tokens(cfg)
-            mode = "target_verify" if spec else "decode"
+            mode = Mode.TARGET_VERIFY if spec else Mode.DECODE
 
             def make_d(v: int, version: str | None) -> dict:
                 return decode_doc(b.profile, version, b.gpu, b.sa(), v, sl, mode, f"decode of {v} request(s) (crash dump)")

@@ -18,7 +18,7 @@ from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan, plan
 from ..forward import draft_tokens, forward_rows
 from ..knowledge import load
-from ..names import ROUTABLE_MODES
+from ..modes import Mode
 from ..ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
 from .rules import precompute_formula
@@ -48,15 +48,15 @@ def causal_lengths(batch: Batch, rows: int) -> np.ndarray:
     follow; rows the engine pads with are 0.
     """
     mode = batch.forward_mode
-    if mode == "decode":                 # one row per entry: its context
+    if mode.is_decode():                 # one row per entry: its context
         arr = request_contexts(batch.requests)
-    elif mode == "target_verify":        # d rows per request: context .. context + d - 1
+    elif mode.is_target_verify():        # d rows per request: context .. context + d - 1
         ctx = request_contexts(batch.requests)
         arr = (ctx[:, None] + np.arange(draft_tokens(batch), dtype=np.int64)).reshape(-1)
     else:
         d = draft_tokens(batch)
         ext, pre, ctx, is_dec = request_arrays(batch.requests)
-        n_ext = np.where(ext > 0, ext, d) if mode == "draft_extend" else ext
+        n_ext = np.where(ext > 0, ext, d) if mode.is_draft_extend() else ext
         starts = np.where(is_dec, ctx, pre + 1)
         counts = np.where(is_dec, 1, n_ext)
         arr = _ranges(starts, counts)
@@ -228,7 +228,7 @@ def precompute_smem(data: dict, b: int, parts: int) -> int:
     return precompute_formula(data)(b=b, P=parts)
 
 
-def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool, switch: bool | None = None) -> str:
+def _routing_reason(mode: Mode, rows: int, threshold: int | None, routed: bool, switch: bool | None = None) -> str:
     if routed and switch:
         return (f"extend forward with {rows} rows: sent to flash_mla_sparse_fwd "
                 f"(SGLANG_OPT_FLASHMLA_SPARSE_PREFILL on: every non-speculative extend forward)")
@@ -236,7 +236,7 @@ def _routing_reason(mode: str, rows: int, threshold: int | None, routed: bool, s
         return f"extend forward with {rows} rows > threshold {threshold}: sent to flash_mla_sparse_fwd"
     if threshold is None:
         return "this version sends every forward to flash_mla_with_kvcache (no sparse-prefill routing)"
-    if mode not in ROUTABLE_MODES:
+    if not mode.is_routable():
         return f"{mode} forwards are never routed: they go to flash_mla_with_kvcache"
     off = " (SGLANG_OPT_FLASHMLA_SPARSE_PREFILL off)" if switch is False else ""
     return f"{rows} rows <= threshold {threshold}{off}: sent to flash_mla_with_kvcache"
@@ -291,7 +291,7 @@ class Dsv4Profile(Profile):
         rows, bd = forward_rows(batch)
         threshold = routing_threshold(setup)
         mode = batch.forward_mode
-        routed = mode in ROUTABLE_MODES and threshold is not None and rows > threshold
+        routed = mode.is_routable() and threshold is not None and rows > threshold
         bp.rows, bp.row_breakdown, bp.max_rows = rows, bd, setup.max_rows
         bp.routing = {"threshold": threshold, "routed": routed,
                       "reason": _routing_reason(mode, rows, threshold, routed, setup.switch), "version": version["name"]}
@@ -306,7 +306,7 @@ class Dsv4Profile(Profile):
         if setup.precompute is not None:
             bp.routing["sched_precompute"] = {"num_sm_parts": setup.precompute[1], "data": setup.precompute[0],
                                               "use_legacy": setup.use_legacy}
-        tail = setup.tail_tokens is not None and mode in ROUTABLE_MODES
+        tail = setup.tail_tokens is not None and mode.is_routable()
         if routed:
             for name, topk in setup.prefill_topk:
                 call = SparsePrefillCall(s_q=rows, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
@@ -373,7 +373,7 @@ class Dsv4Profile(Profile):
         mode = batch.forward_mode
         out: list[dict] = []
         version_switch = bp.routing.get("sparse_prefill_switch")
-        if mode in ROUTABLE_MODES and version_switch:
+        if mode.is_routable() and version_switch:
             tail = bp.routing.get("late_layer_tail_rows")
             if tail is not None and tail > L:
                 per = _version_data(bp.routing["version"])["late_layer_tails"]["tail_tokens"]
@@ -383,8 +383,8 @@ class Dsv4Profile(Profile):
                 out.append({"flag": "--no-enable-decoder-swa-bounded-replay", "value": True,
                             "why": "without late-layer tails every layer of an extend forward runs flash_mla_sparse_fwd"})
             return out
-        if mode in ROUTABLE_MODES:
-            if batch.arg("enable_mixed_chunk", False) or mode == "mixed":
+        if mode.is_routable():
+            if batch.arg("enable_mixed_chunk", False) or mode.is_mixed():
                 R = int(batch.arg("max_running_requests") or len(batch.running) or 0)
                 cap = {"flag": "--chunked-prefill-size", "value": L - R,
                        "why": f"with mixed chunking up to {R} running decodes join each prefill: {L} - {R}"}
@@ -408,7 +408,7 @@ class Dsv4Profile(Profile):
                     out.append({"flag": "(upgrade)", "value": f"SGLang {rel[0]} or later (sparse-prefill routing)",
                                 "why": f"routes extend forwards above {rel[1]} rows to flash_mla_sparse_fwd; "
                                        f"{L + 1}..{rel[1]} still crash"})
-        elif mode == "target_verify":
+        elif mode.is_target_verify():
             d = draft_tokens(batch) or 1
             out.append({"flag": "--max-running-requests", "value": L // d,
                         "why": f"a verify forward has batch size x {d} draft tokens rows"})

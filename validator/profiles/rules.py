@@ -63,7 +63,7 @@ def decode_kernel_rows(bp):
     mode = bp.batch.forward_mode
     if thr is None:
         why = f"SGLang {bp.routing['version']} sends every forward to flash_mla_with_kvcache"
-    elif mode in ("extend", "mixed"):
+    elif mode.is_routable():
         why = (f"the routing threshold {thr} is above the real limit {L}: extend forwards of {L + 1}..{thr} rows "
                f"still go to flash_mla_with_kvcache")
     else:
@@ -82,7 +82,7 @@ def _fix_rows(batch, L: int) -> str:
     """The fix of SGL001: split, and a chunk cap only where it lowers the configured one."""
     cap = L - (len(batch.running) if batch.mixed else 0)
     have = batch.arg("chunked_prefill_size")
-    if batch.forward_mode not in ("extend", "mixed") or (
+    if not batch.forward_mode.is_routable() or (
             isinstance(have, int) and not isinstance(have, bool) and 0 < have <= cap):
         return "split the forward (see safe_split)"
     return f"split the forward (see safe_split) or cap --chunked-prefill-size at {L}" + (

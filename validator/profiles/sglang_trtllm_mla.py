@@ -19,6 +19,7 @@ from ..flashinfer.calls import TRTLLM_RULE_KIND, TrtllmGenCall
 from ..flashinfer.calls import plan as flashinfer_plan
 from ..forward import draft_tokens, forward_rows
 from ..knowledge import grid_limits, load
+from ..modes import Mode
 from .base import BatchPlan, DerivedCall, Profile
 
 NAME = "sglang-trtllm-mla"
@@ -57,9 +58,9 @@ def decode_shape(batch: Batch, draft: int) -> tuple[int, int]:
     the padded rows over the tokens per request."""
     mode = batch.forward_mode
     n = len(batch.requests)
-    if mode == "decode":
+    if mode.is_decode():
         q_len = 1
-    elif mode == "target_verify":
+    elif mode.is_target_verify():
         if draft <= 0:
             raise InputError("server_args.speculative_num_draft_tokens",
                              "missing: a target_verify forward has that many query tokens per request")
@@ -112,7 +113,7 @@ class SglangTrtllmMlaProfile(Profile):
     def bound_hints(self, setup: TrtllmMlaSetup, bp: BatchPlan) -> dict:
         # the limit is on the kernel's batch: the query rows of a decode, but only at most the rows of a
         # verify or draft-extend forward (several tokens per request), whose steps take the full check
-        return {"max_rows": setup.max_batch, "threshold": None, "row_modes": ("decode",)}
+        return {"max_rows": setup.max_batch, "threshold": None, "row_modes": (Mode.DECODE,)}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
         b = bp.routing.get("trtllm_batch")

@@ -18,10 +18,11 @@ from ..fields import positive_int
 from ..flashmla.calls import MAX_ROWS
 from ..forward import draft_tokens, forward_rows
 from ..knowledge import load
+from ..modes import Mode
 from .base import BatchPlan, Profile
 
 #: the forward modes a vLLM step can be described with
-VLLM_MODES = ("decode", "target_verify", "extend", "mixed")
+VLLM_MODES = (Mode.DECODE, Mode.TARGET_VERIFY, Mode.EXTEND, Mode.MIXED)
 
 
 def profile_data(name: str) -> dict:
@@ -96,12 +97,12 @@ def step_columns(batch: Batch) -> tuple:
     token each)."""
     mode = batch.forward_mode
     if mode not in VLLM_MODES:
-        raise InputError("forward_mode", f"a vLLM step is one of {', '.join(VLLM_MODES)}, got {mode!r}")
+        raise InputError("forward_mode", f"a vLLM step is one of {', '.join(VLLM_MODES)}, got {mode.value!r}")
     reqs = batch.requests
     n = len(reqs)
-    if mode in ("decode", "target_verify"):
+    if mode.is_decode_or_verify():
         d = 1
-        if mode == "target_verify":
+        if mode.is_target_verify():
             d = draft_tokens(batch)
             if d <= 0:
                 raise InputError("server_args.speculative_num_draft_tokens",
