@@ -1,12 +1,31 @@
 """DG0xx: limits of DeepGEMM's paged MQA-logits metadata (the DSA indexer's scheduler)."""
 from __future__ import annotations
 
+from ..failure import Failure
 from ..knowledge import load, sm_name
 from ..registry import rule
 from .calls import RULE_KIND, DeepGemmPlan
 
 
-@rule("DG001", reads="rows", subject=RULE_KIND)
+@rule("DG001", reads="rows", subject=RULE_KIND, added=33,
+      title="DeepGEMM paged MQA-logits metadata: batch above the scheduler's shared-memory budget",
+      failure=Failure("python_exception",
+                      "DeepGEMM's host assertion 'Assertion error (.../<impl>.hpp:N): smem_size <= "
+                      "SM90ArchSpec::smem_capacity' (or SM100ArchSpec) raises; the DSA indexer step fails",
+                      also=("process_crash",), site="sm90_fp8_mqa_logits.hpp",
+                      message="smem_size <= SM90ArchSpec::smem_capacity"),
+      source="DeepGEMM 54e2261 csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:210-212 (4*align(b,32) bytes), "
+             "csrc/jit_kernels/impls/sm100_mqa_logits.hpp:64-65 (8*b bytes), csrc/jit_kernels/heuristics/sm90.hpp:14 "
+             "/ sm100.hpp:15 (232448); 88965b0 and 7f2a703 csrc/jit_kernels/impls/smxx_fp8_fp4_paged_mqa_logits.hpp; "
+             "SGLang 0.5.23 srt/layers/attention/dsv4/metadata.py:66, :212-218 (replacement planner)",
+      signatures=[
+          {"file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
+           "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
+          {"file": "sm100_mqa_logits.hpp", "message": "smem_size <= SM100ArchSpec::smem_capacity",
+           "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
+          {"file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
+           "failure": "python_exception", "builds": ["deepgemm-88965b0", "deepgemm-7f2a703"]},
+      ])
 def mqa_metadata_smem(p: DeepGemmPlan):
     """DeepGEMM's paged MQA-logits metadata kernel keeps per-request arrays in shared memory.
 
