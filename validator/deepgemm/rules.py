@@ -4,10 +4,22 @@ from __future__ import annotations
 from ..failure import Failure
 from ..knowledge import load, sm_name
 from ..registry import rule
-from .calls import RULE_KIND, DeepGemmPlan
+from .calls import RULE_KIND, DeepGemmPlan, plan, version
 
 
-@rule("DG001", reads="rows", subject=RULE_KIND, added=33,
+def mqa_metadata_page() -> dict:
+    """The numbers DG001's page quotes: each version's batch limit (``rules/deepgemm.json``) on an H200
+    (SM90) and a B200 (SM100), and SGLang 0.5.23's replacement threshold."""
+    rec = {"kind": "paged_mqa_logits_metadata", "batch": 1}
+    sm100 = plan(rec, "B200", "deepgemm-54e2261").max_batch
+    return {"sm90_rows": plan(rec, "H200", "deepgemm-54e2261").max_batch,
+            "varlen_rows": plan({**rec, "varlen": True}, "H200", "deepgemm-88965b0").max_batch,
+            "sm100_rows": sm100, "sm100_example": sm100 + 1,
+            "capacity": version("deepgemm-54e2261")["smem_capacity"],
+            "threshold": load("deepgemm")["callers"]["sglang-0.5.23"]["replacement_threshold"]}
+
+
+@rule("DG001", page=mqa_metadata_page, reads="rows", subject=RULE_KIND, added=33,
       title="DeepGEMM paged MQA-logits metadata: batch above the scheduler's shared-memory budget",
       failure=Failure("python_exception",
                       "DeepGEMM's host assertion 'Assertion error (.../<impl>.hpp:N): smem_size <= "
@@ -31,11 +43,11 @@ def mqa_metadata_smem(p: DeepGemmPlan):
 
     ## What it checks
     ``get_paged_mqa_logits_metadata`` asks for ``4*align(b, 32)`` bytes (DeepGEMM up to 7f2a703, and
-    SM90 in 54e2261: b <= 58112), ``4*(3*align(b, 32)+1)`` with varlen indices (88965b0: b <= 19360),
-    or ``8*b`` on SM100 in 54e2261 (b <= 29056), against DeepGEMM's own capacity of 232448 bytes.
+    SM90 in 54e2261: b <= {{sm90_rows}}), ``4*(3*align(b, 32)+1)`` with varlen indices (88965b0: b <= {{varlen_rows}}),
+    or ``8*b`` on SM100 in 54e2261 (b <= {{sm100_rows}}), against DeepGEMM's own capacity of {{capacity}} bytes.
     ``b`` is ``context_lens.size(0)``: requests. SGLang 0.5.23's DeepSeek-V4 indexer replaces the
     call by its own JIT planner (no shared-memory bound) when each request has one query row and the
-    forward has more than 11673 rows (or ``SGLANG_OPT_USE_JIT_INDEXER_METADATA`` is set); with
+    forward has more than {{threshold}} rows (or ``SGLANG_OPT_USE_JIT_INDEXER_METADATA`` is set); with
     several rows per request (speculative verify) DeepGEMM's planner always runs.
 
     ## Why it crashes
@@ -44,7 +56,7 @@ def mqa_metadata_smem(p: DeepGemmPlan):
     indexer step fails.
 
     ## Example
-    ``{"kind": "paged_mqa_logits_metadata", "batch": 29057}`` on a B200 with DeepGEMM 54e2261.
+    ``{"kind": "paged_mqa_logits_metadata", "batch": {{sm100_example}}}`` on a B200 with DeepGEMM 54e2261.
 
     ## Fix
     Chunk the indexer's rows (one metadata call per chunk of <= the limit), or let the engine's

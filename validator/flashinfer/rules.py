@@ -13,7 +13,12 @@ def _subject(p: FlashInferPlan) -> str:
     return p.call.label or p.call.summary()
 
 
-@rule("FI001", reads="rows", subject=TRTLLM_RULE_KIND, added=30,
+def grid_batch_page() -> dict:
+    """The numbers FI001's page quotes: CUDA's grid limit on z (``rules/gpus.json``)."""
+    return {"max_batch": grid_limits()["z"], "example_batch": grid_limits()["z"] + 1}
+
+
+@rule("FI001", page=grid_batch_page, reads="rows", subject=TRTLLM_RULE_KIND, added=30,
       title="FlashInfer trtllm-gen attention: batch size above gridDim.z's 65535",
       failure=Failure("launch_error_silent",
                       "cuLaunchKernelEx fails, the error check only prints 'CUDA Error: CUDA_ERROR_INVALID_VALUE "
@@ -27,11 +32,11 @@ def _subject(p: FlashInferPlan) -> str:
            "failure": "launch_error_silent"},
       ])
 def trtllm_gen_batch_grid(p: FlashInferPlan):
-    """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most 65535 requests per call.
+    """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most {{max_batch}} requests per call.
 
     ## What it checks
     ``trtllm_batch_decode_with_kv_cache_mla`` (and the FMHA decode entry) launch one CTA column per
-    request along the grid's z axis, whose CUDA limit is 65535.
+    request along the grid's z axis, whose CUDA limit is {{max_batch}}.
 
     ## Why it crashes
     It does not crash, which is worse: ``cuLaunchKernelEx`` fails, FlashInfer's error check only
@@ -39,10 +44,10 @@ def trtllm_gen_batch_grid(p: FlashInferPlan):
     tensor is never written; the step goes on with whatever it held - silently wrong attention.
 
     ## Example
-    ``{"kind": "trtllm_gen_mla", "batch": 65536, "q_len_per_request": 1, "h_q": 128}``.
+    ``{"kind": "trtllm_gen_mla", "batch": {{example_batch}}, "q_len_per_request": 1, "h_q": 128}``.
 
     ## Fix
-    Split decode batches above 65535 requests (``--max-running-requests``, or per-DP-rank batches).
+    Split decode batches above {{max_batch}} requests (``--max-running-requests``, or per-DP-rank batches).
 
     ## Source
     flashinfer fb28d72 ``include/flashinfer/trtllm/fmha/fmhaKernels.cuh:579`` (the batch on z),

@@ -9,6 +9,7 @@ from ..knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..registry import rule
 from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
+from .plan import plan as make_plan
 from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
 
 
@@ -40,7 +41,21 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-@rule("FMLA001", reads="rows", added=1,
+def _page_plan(kernel: str) -> Plan:
+    """A one-row sparse decode call on an H200 planned on ``kernel``: the facts pages quote."""
+    return make_plan({"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
+                     kernel=kernel)
+
+
+def sched_smem_page() -> dict:
+    """The numbers FMLA001's page quotes: FlashMLA 9241ae3's scheduler on an H200 (``rules/gpus.json``,
+    ``rules/flashmla.json``), for the page's example call."""
+    p = make_plan({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
+                  kernel="flashmla-9241ae3")
+    return {"smem_optin": p.gpu.smem_optin, "max_rows": p.max_sched_rows, "example_smem": p.sched_smem_bytes}
+
+
+@rule("FMLA001", reads="rows", added=1, page=sched_smem_page,
       title="scheduler shared memory: query rows above the GPU's opt-in limit",
       failure=Failure("process_exit",
                       "raising the scheduling kernel's shared-memory limit fails, the library prints 'CUDA error "
@@ -68,7 +83,7 @@ def sched_smem(p: Plan):
     ## What it checks
     The decode scheduling kernel keeps five int32 arrays of length ``b`` (plus one word) in dynamic
     shared memory: ``4*(5b+1)`` bytes. The GPU grants at most ``shared_memory_per_block_optin``
-    (232448 bytes on SM90 and SM100), so ``b <= 11622``. ``b`` is ``q.shape[0]``: for engines that
+    ({{smem_optin}} bytes on SM90 and SM100), so ``b <= {{max_rows}}``. ``b`` is ``q.shape[0]``: for engines that
     flatten a prefill into one row per token it is the number of query tokens, not requests. The
     limit does not depend on s_q, h_q, topk, or dense versus sparse.
 
@@ -78,12 +93,12 @@ def sched_smem(p: Plan):
     ``exit(1)``. No Python exception: the whole serving process dies.
 
     ## Example
-    ``{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}``: needs 245764 B
-    of 232448 B; a DeepSeek-V4 prefill of 3 x 4096 tokens on SGLang.
+    ``{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}``: needs {{example_smem}} B
+    of {{smem_optin}} B; a DeepSeek-V4 prefill of 3 x 4096 tokens on SGLang.
 
     ## Fix
-    Keep every call at or below 11622 rows: split the batch (``validate-batch check`` proposes the
-    minimal split), cap ``--chunked-prefill-size`` / ``--max-prefill-tokens`` at 11622, or route large
+    Keep every call at or below {{max_rows}} rows: split the batch (``validate-batch check`` proposes the
+    minimal split), cap ``--chunked-prefill-size`` / ``--max-prefill-tokens`` at {{max_rows}}, or route large
     prefills to ``flash_mla_sparse_fwd`` (no scheduler, no row limit).
 
     ## Source
@@ -461,7 +476,13 @@ def kv_layout(p: Plan):
     return out
 
 
-@rule("FMLA008", shape_only=True, added=8,
+def combine_parts_page() -> dict:
+    """The numbers FMLA008's page quotes: FlashMLA 9241ae3's combine dispatch (``rules/flashmla.json``)."""
+    p = _page_plan("flashmla-9241ae3")
+    return {"max_parts": p.gen["combine"]["max_num_sm_parts"]}
+
+
+@rule("FMLA008", shape_only=True, added=8, page=combine_parts_page,
       title="more partitions than the combine kernel dispatches",
       failure=Failure("process_exit", "the combine dispatch has no case for num_sm_parts > 160 and calls exit(1)",
                       site="combine.cu:183"),
@@ -477,11 +498,11 @@ def kv_layout(p: Plan):
            "source": "FlashMLA 1408756 csrc/smxx/mla_combine.cu:172: the same dispatch assertion"},
       ])
 def combine_parts(p: Plan):
-    """``num_sm_parts <= 160``: the combine kernel is dispatched for at most 160 partitions.
+    """``num_sm_parts <= {{max_parts}}``: the combine kernel is dispatched for at most {{max_parts}} partitions.
 
     ## What it checks
     ``num_sm_parts`` follows from the GPU's SM count and the call's shape; the combine kernel that
-    merges split results has instantiations up to 160 partitions. Only GPUs with more than 160 SMs
+    merges split results has instantiations up to {{max_parts}} partitions. Only GPUs with more than {{max_parts}} SMs
     (or custom profiles) can reach it.
 
     ## Why it crashes
@@ -791,7 +812,13 @@ def sparse_prefill_rows(p: Plan):
                                              numbers={"s_q": 0, "min": 1}, fix="do not launch the kernel for an empty chunk")]
 
 
-@rule("FMLA015", reads="rows", added=15,
+def sched_fallback_page() -> dict:
+    """The numbers FMLA015's page quotes: sgl-flash-mla 1.0.0's fast scheduler on an H200."""
+    p = _page_plan("sgl-flash-mla-1.0.0")
+    return {"fast_rows": p.fast_sched_rows}
+
+
+@rule("FMLA015", reads="rows", added=15, page=sched_fallback_page,
       title="scheduler falls back to the low-shared-memory kernel (slow, legal)",
       severity="warning",
       source="sgl-flash-mla 1.0.0 legacy kernels and sgl-kernel's vendored copy; measured on H200 with sgl-flash-mla "
@@ -802,7 +829,7 @@ def sched_fallback(p: Plan):
     ## What it checks
     Builds with a low-shared-memory fallback (``sgl-flash-mla`` 1.0.0's legacy kernels, sgl-kernel's
     vendored copy) run the same schedule through a slower low-shared-memory scheduling kernel when the fast
-    scheduler's shared memory (``4*(3b+1)`` bytes on sgl-flash-mla, b <= 19370 on an H200) does not
+    scheduler's shared memory (``4*(3b+1)`` bytes on sgl-flash-mla, b <= {{fast_rows}} on an H200) does not
     fit. The metadata is identical; the call is legal.
 
     ## Why it crashes
@@ -835,7 +862,14 @@ def sched_fallback(p: Plan):
         fix=f"keep calls at <= {fast} rows where step time matters (split the forward)")]
 
 
-@rule("FMLA016", reads="rows", added=16,
+def static_batch_page() -> dict:
+    """The numbers FMLA016's page quotes: the dense fp8 scheduler's array size (``rules/flashmla.json``)."""
+    p = make_plan({"kind": "dense_fp8", "b": 1, "s_q": 1, "h_q": 128, "seqlens": [1]}, gpu="H200",
+                  kernel="sgl-flash-mla-1.0.0")
+    return {"max_b": p.gen["max_batch"]["max_b"]}
+
+
+@rule("FMLA016", reads="rows", added=16, page=static_batch_page,
       title="static scheduler arrays: more requests than the dense fp8 scheduler takes",
       failure=Failure("process_exit",
                       "the dense fp8 scheduler's assertion that the batch fits its static arrays fails "
@@ -855,7 +889,7 @@ def static_batch(p: Plan):
     ## What it checks
     The dense fp8 path (``fwd_kvcache_mla_fp8``, scheduled by ``get_mla_decoding_metadata(...,
     is_fp8_kvcache=True)``) runs FlashMLA's first-generation scheduler, whose per-request arrays
-    have a fixed size: b <= 4095.
+    have a fixed size: b <= {{max_b}}.
 
     ## Why it crashes
     The scheduler's assertion that the batch fits its static arrays fails (reported at
@@ -865,7 +899,7 @@ def static_batch(p: Plan):
     ``{"kind": "dense_fp8", "b": 4096, "s_q": 1, "h_q": 128, "seqlens": [...]}``.
 
     ## Fix
-    Keep dense fp8 decode batches at <= 4095 requests (``--max-running-requests``), or split.
+    Keep dense fp8 decode batches at <= {{max_b}} requests (``--max-running-requests``), or split.
 
     ## Source
     Measured on an H200 with sgl-flash-mla 1.0.0: 4095 ok, 4096 exits.
@@ -879,7 +913,16 @@ def static_batch(p: Plan):
         fix=f"split into calls of <= {lim['max_b']} requests", failure=lim["failure"])]
 
 
-@rule("FMLA017", reads="rows", added=25,
+def combine_grid_page() -> dict:
+    """The numbers FMLA017's page quotes: CUDA's grid limits (``rules/gpus.json``) and what they allow
+    on 1408756's grid (``ceil(s_q*h_q/heads per block)`` on y)."""
+    lim = grid_limits()
+    per = _page_plan("flashmla-1408756").gen["combine_heads_per_block"]
+    return {"grid_y": lim["y"], "grid_z": lim["z"], "y_heads": lim["y"] * per,
+            "s_q_128": lim["y"] * per // 128, "s_q_64": lim["y"] * per // 64}
+
+
+@rule("FMLA017", reads="rows", added=25, page=combine_grid_page,
       title="combine kernel launch grid exceeds CUDA's grid limits (s_q*h_q/8 on gridDim.y before upstream PR #182)",
       failure=Failure("process_exit",
                       "the combine launch is refused (a grid dimension over its limit: 'invalid configuration "
@@ -911,15 +954,15 @@ def static_batch(p: Plan):
                      "(file named, line not recorded)"},
       ])
 def combine_grid(p: Plan):
-    """The combine kernel's launch grid must fit CUDA's grid limits (x < 2^31, y and z <= 65535).
+    """The combine kernel's launch grid must fit CUDA's grid limits (x < 2^31, y <= {{grid_y}}, z <= {{grid_z}}).
 
     ## What it checks
     The kernel that merges split results is launched with one CTA per (request, query token, 8 heads),
     laid out differently per build. FlashMLA ``1408756`` (and every build before upstream PR #182)
-    puts ``ceil(s_q*h_q/8)`` on the grid's y dimension, so ``s_q*h_q <= 524280``: ``s_q <= 4095`` at
-    ``h_q = 128``, ``s_q <= 8191`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
+    puts ``ceil(s_q*h_q/8)`` on the grid's y dimension, so ``s_q*h_q <= {{y_heads}}``: ``s_q <= {{s_q_128}}`` at
+    ``h_q = 128``, ``s_q <= {{s_q_64}}`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
     ``(b*s_q, 1, ceil(h_q/8))``: ``b*s_q <= 2^31-1``. The current kernels (2026.09.30) launch
-    ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``, as does sgl-kernel's fork (9804b12, before PR #182).
+    ``(b, s_q, ceil(h_q/8))``: ``s_q <= {{grid_y}}``, as does sgl-kernel's fork (9804b12, before PR #182).
     sgl-flash-mla 1.0.0's legacy kernels (``use_legacy=True``) launch ``(b*s_q, 1, ceil(h_q/8))``, as
     measured on an H200: no grid limit below ``b*s_q = 2^31-1``, which no GPU's memory reaches (its
     int32 strides, FMLA009, stop ``s_q`` at 65535 first). Only split-KV attention calls run the

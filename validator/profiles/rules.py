@@ -5,6 +5,7 @@ import numpy as np
 
 from ..batch import RequestColumns
 from ..failure import Failure
+from ..flashmla.plan import plan as flashmla_plan
 from ..forward import forward_rows
 from ..knowledge import load
 from ..registry import rule
@@ -27,7 +28,17 @@ def _holding(bp, where) -> list[tuple[str, int]]:
     return [h for h, m in zip(held, mask) if m]
 
 
-@rule("SGL001", scope="batch", reads="rows", added=17,
+def decode_rows_page() -> dict:
+    """The numbers SGL001's page quotes: SGLang's routing threshold (``rules/engines.json``) and the
+    decode kernel's real row limit (FlashMLA 9241ae3 on an H200)."""
+    versions = load("engines")["profiles"]["sglang-dsv4"]["versions"]
+    threshold = next(v["sparse_prefill_threshold"] for v in versions if v.get("sparse_prefill_threshold") is not None)
+    rows = flashmla_plan({"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
+                         kernel="flashmla-9241ae3").max_sched_rows
+    return {"threshold": threshold, "max_rows": rows, "gap_first": rows + 1}
+
+
+@rule("SGL001", scope="batch", reads="rows", added=17, page=decode_rows_page,
       title="forward sends more query rows to the FlashMLA decode kernel than its scheduler can take",
       failure=Failure("process_exit", "the scheduler's 'invalid argument' exit(1) kills the SGLang scheduler process",
                       site="get_decoding_sched_meta.cu:111", message="invalid argument"),
@@ -54,9 +65,9 @@ def decode_kernel_rows(bp):
     SGLang's DeepSeek-V4 backend passes ``q`` as ``[T, 1, h_q, 512]``: FlashMLA's ``b`` is the number
     of query rows ``T`` of the forward (extend: new tokens, plus merged decodes under mixed chunking;
     decode: batch size; target verify: batch size x draft tokens; draft extend: tokens). Versions
-    with sparse-prefill routing send extend forwards above 11673 rows to ``flash_mla_sparse_fwd``;
-    the real limit is 11622, so 11623..11673-row prefills still reach the decode kernel, and decode,
-    verify and draft-extend forwards are never routed.
+    with sparse-prefill routing send extend forwards above {{threshold}} rows to ``flash_mla_sparse_fwd``;
+    the real limit is {{max_rows}}, so {{gap_first}}..{{threshold}}-row prefills still reach the decode
+    kernel, and decode, verify and draft-extend forwards are never routed.
 
     ## Why it crashes
     The decode kernel's scheduler cannot get ``4*(5T+1)`` bytes of shared memory: ``CUDA error
