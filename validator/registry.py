@@ -10,7 +10,7 @@ modules and is what the rest of the code reads rules through. A rule is one defi
 its code, title, severity (default ``error``), failure class (:class:`~validator.failure.Failure`:
 kind, site, message pattern, the prose findings print), sources, error signatures
 (:mod:`validator.signature`) and its documentation page: the docstring (sections: What it checks,
-Why it crashes, Example, Fix, Source; :data:`PAGE_SECTIONS`) whose ``{{name}}`` placeholders are
+Why it crashes, Example, Fix, Source, in that order) whose ``{{name}}`` placeholders are
 filled from ``page()`` (numbers read from the knowledge files) when the page is shown
 (``validate-batch explain CODE``). The catalog (``validate-batch rules --json``) is generated from
 the definitions. Rules are pure: they read a plan and return findings; they never raise on bad numbers.
@@ -40,16 +40,13 @@ from functools import cached_property, lru_cache
 from typing import Callable, Iterable
 
 from .failure import KINDS, Failure, failure_of
-from .report import Finding
+from .report import SEVERITIES, Finding
 from .signature import Signature, parse_signature
 
 #: what a rule may read: the configuration alone; the forward's query rows (and its mode and
 #: routing); the largest request slot; the scheduler's output; the per-row cache lengths of a
 #: call; anything else about the step's requests
 QUANTITIES = frozenset({"config", "rows", "slots", "schedule", "lengths", "requests"})
-SEVERITIES = ("error", "warning", "info")
-#: the sections every rule's page has, in order
-PAGE_SECTIONS = ("What it checks", "Why it crashes", "Example", "Fix", "Source")
 #: a page placeholder: ``{{name}}``, filled from the rule's ``page()`` values
 PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
@@ -148,7 +145,7 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
     if severity not in SEVERITIES:
         raise KeyError(f"rule {code}: severity must be one of {', '.join(SEVERITIES)}, got {severity!r}")
     failure = failure_of(failure)
-    if isinstance(failure, Failure) and failure and failure.unknown_kinds():
+    if failure.unknown_kinds():
         raise KeyError(f"rule {code}: failure kind(s) {failure.unknown_kinds()} unknown; known: {', '.join(KINDS)}")
     sigs = tuple(parse_signature(code, i, raw) for i, raw in enumerate(signatures))
 
