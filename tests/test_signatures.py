@@ -9,7 +9,6 @@ the RuntimeError lines are verbatim from the measured oracle (shared/oracle/sglf
 """
 from __future__ import annotations
 
-import copy
 import json
 import time
 from pathlib import Path
@@ -17,13 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import validator.ingest.signatures as sigmod
 from validator.cli import app
 from validator.ingest.crash_lines import ErrorEvent, classify_error
 from validator.ingest.launch import parse_launch
 from validator.ingest.scan import scan_lines
 from validator.ingest.signatures import SignatureDataError, all_signatures, matching_codes, possible
 from validator.knowledge import load
+from validator.ruleset import get_rule, rule, unregister
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -187,34 +186,25 @@ def test_every_generation_error_site_with_a_line_is_a_signature():
     ({"message": "x", "failure": "process_exit", "colour": 1}, "unknown field"),
     ({"message": "x", "failure": "process_exit", "builds": "vllm-0.33"}, ".builds"),
 ])
-def test_malformed_signatures_name_the_entry_and_field(monkeypatch, bad, field):
-    cat = copy.deepcopy(load("catalog"))
-    cat["rules"]["FMLA001"]["signatures"] = [bad]
-    monkeypatch.setattr(sigmod, "load", lambda name: cat if name == "catalog" else load(name))
-    sigmod.all_signatures.cache_clear()
-    try:
-        with pytest.raises(SignatureDataError, match=r"rules\.FMLA001\.signatures\[0\]") as e:
-            all_signatures()
-        assert field in str(e.value)
-    finally:
-        monkeypatch.undo()
-        sigmod.all_signatures.cache_clear()
+def test_malformed_signatures_name_the_entry_and_field(bad, field):
+    # a definition's signatures are read when the rule is defined: a malformed one is never registered
+    with pytest.raises(SignatureDataError, match=r"rules\.FMLA001\.signatures\[0\]") as e:
+        rule("FMLA001", title="t", failure="process_exit", signatures=[bad])
+    assert field in str(e.value)
+    assert get_rule("FMLA001").signatures[0].file == "get_decoding_sched_meta.cu"
 
 
-def test_a_rule_added_with_a_signature_explains_its_line(monkeypatch):
-    # A stand-in rule (no function behind it) only to show the matcher reads the field as agreed.
-    cat = copy.deepcopy(load("catalog"))
-    cat["rules"]["FI901"] = {"family": "FI", "title": "t", "severity": "error", "failure": "python_exception", "source": "s",
-                             "signatures": [{"file": "scheduler.cuh", "message": "should be non-negative",
-                                             "failure": "python_exception"}]}
-    monkeypatch.setattr(sigmod, "load", lambda name: cat if name == "catalog" else load(name))
-    sigmod.all_signatures.cache_clear()
+def test_a_rule_added_with_a_signature_explains_its_line():
+    # A stand-in rule (a function that finds nothing) only to show the matcher reads the field as agreed.
+    rule("FI901", title="t", failure="python_exception", source="s",
+         signatures=[{"file": "scheduler.cuh", "message": "should be non-negative", "failure": "python_exception"}])(
+        lambda plan: None)
     try:
         line = "RuntimeError: Error in function 'MLAPlan' at /x/scheduler.cuh:1599: qo_indptr[4]1 - qo_indptr[3]2 should be non-negative"
         assert "FI901" in matching_codes(event(line))      # beside FI002, whose signature is the same error
     finally:
-        monkeypatch.undo()
-        sigmod.all_signatures.cache_clear()
+        unregister("FI901")
+    assert "FI901" not in matching_codes(event(line))
 
 
 # ------------------------------------------------------------------ launch commands as pasted

@@ -502,12 +502,11 @@ def rules_cmd(as_json: bool = typer.Option(False, "--json", help="The catalog as
     output = Output.for_flags(as_json)
     rs = all_rules()
     if output.is_json:
-        output.json([{"code": r.code, "severity": r.severity, "title": r.title, "failure": r.failure,
-                    "source": r.source, "scope": r.scope} for r in rs])
+        output.json([r.to_dict() for r in rs])
         return
     t = Table("code", "severity", "title", "crash class")
     for r in rs:
-        t.add_row(r.code, r.severity, r.title, r.failure.split(":")[0])
+        t.add_row(r.code, r.severity, r.title, " or ".join(r.failure.kinds))
     output.result(t)
     output.result("`validate-batch explain CODE` prints a rule's page.")
 

@@ -35,7 +35,7 @@ Examples:
 
 * `validate-batch bisect --dump crash_dump_2026-04-28_10-12-05.pkl --launch "sglang serve ..."`
 
-A rule explains the crash only when the error line matches one of its signatures (rules/catalog.json)
+A rule explains the crash only when the error line matches one of its signatures (`validate-batch rules --json`)
 and it breaks on the crashing step; other rules that break are reported as "also illegal, does not
 explain this error"; an error no rule matches is "not explained", with what was recognised in it.
 A step the log shows completed is never the crashing step.

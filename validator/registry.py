@@ -1,10 +1,19 @@
-"""The rule registry: stable codes, one small function each, metadata from ``rules/catalog.json``.
+"""The rule registry: stable codes, one small function each, and everything said about a rule on its definition.
 
 The registry holds what is registered; :mod:`validator.ruleset` imports the project's rule
-modules and is what the rest of the code reads rules through. A rule is registered with
-``@rule("FMLA001", scope="call")``; its docstring is its documentation
-page (sections: What, Why it crashes, Example, Fix, Source) and ``validate-batch explain CODE``
-prints it. Rules are pure: they read a plan and return findings; they never raise on bad numbers.
+modules and is what the rest of the code reads rules through. A rule is one definition::
+
+    @rule("FMLA001", reads="rows", title="...", failure=Failure("process_exit", "..."), source="...",
+          signatures=[{"file": "get_decoding_sched_meta.cu", "lines": [111, 111], ...}], page=values)
+    def sched_smem(p): ...
+
+its code, title, severity (default ``error``), failure class (:class:`~validator.failure.Failure`:
+kind, site, message pattern, the prose findings print), sources, error signatures
+(:mod:`validator.signature`) and its documentation page: the docstring (sections: What it checks,
+Why it crashes, Example, Fix, Source, in that order) whose ``{{name}}`` placeholders are
+filled from ``page()`` (numbers read from the knowledge files) when the page is shown
+(``validate-batch explain CODE``). The catalog (``validate-batch rules --json``) is generated from
+the definitions. Rules are pure: they read a plan and return findings; they never raise on bad numbers.
 
 ``reads`` declares the per-step quantities the rule depends on, from :data:`QUANTITIES`: the
 guard decides a step without the full check only when every rule's quantities are ones the
@@ -25,17 +34,29 @@ partitions), never ``b``, the per-request length values or the schedule. A plan 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from functools import lru_cache
+import re
+from dataclasses import dataclass, replace
+from functools import cached_property, lru_cache
 from typing import Callable, Iterable
 
-from .knowledge import load
-from .report import Finding
+from .failure import KINDS, Failure, failure_of
+from .report import SEVERITIES, Finding
+from .signature import Signature, parse_signature
 
 #: what a rule may read: the configuration alone; the forward's query rows (and its mode and
 #: routing); the largest request slot; the scheduler's output; the per-row cache lengths of a
 #: call; anything else about the step's requests
 QUANTITIES = frozenset({"config", "rows", "slots", "schedule", "lengths", "requests"})
+#: a page placeholder: ``{{name}}``, filled from the rule's ``page()`` values
+PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
+
+
+def fill_page(text: str, values: dict) -> str:
+    """``text`` with every ``{{name}}`` that ``values`` holds replaced by its value (others stay)."""
+    def one(m: re.Match) -> str:
+        return str(values[m.group(1)]) if m.group(1) in values else m.group(0)
+
+    return PLACEHOLDER.sub(one, text)
 
 
 @dataclass(frozen=True)
@@ -45,13 +66,16 @@ class Rule:
     func: Callable
     title: str
     severity: str
-    failure: str
+    failure: Failure
     source: str
     family: str
     shape_only: bool = False
     reads: frozenset = frozenset({"requests"})
     safe_rows: Callable | None = None
     subject: str = "flashmla"
+    signatures: tuple[Signature, ...] = ()
+    page: Callable[[], dict] | None = None
+    added: int | None = None
 
     @property
     def split_helps(self) -> bool:
@@ -59,14 +83,23 @@ class Rule:
         it reads only the configuration or a request's own slot."""
         return not self.reads <= {"config", "slots"}
 
-    @property
+    @cached_property
     def doc(self) -> str:
-        return inspect.cleandoc(self.func.__doc__ or "")
+        """The rule's page: its docstring with the placeholders filled from ``page()``."""
+        text = inspect.cleandoc(self.func.__doc__ or "")
+        return fill_page(text, self.page()) if self.page is not None else text
+
+    def to_dict(self) -> dict:
+        """The rule's catalog entry."""
+        return {"code": self.code, "severity": self.severity, "title": self.title, "failure": str(self.failure),
+                "source": self.source, "scope": self.scope, "family": self.family,
+                "failure_class": self.failure.to_dict(),
+                "signatures": [s.to_definition() for s in self.signatures]}
 
     def finding(self, message: str, *, subject: str = "", numbers: dict | None = None, fix: str = "",
                 severity: str | None = None, failure: str | None = None) -> Finding:
         return Finding(self.code, severity or self.severity, message, subject, numbers or {}, fix,
-                       self.failure if failure is None else failure, self.source)
+                       self.failure if failure is None else failure_of(failure), self.source)
 
 
 REGISTRY: dict[str, Rule] = {}
@@ -89,12 +122,18 @@ def generation() -> int:
 
 
 def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None,
-         subject: str = "flashmla"):
-    """Register a rule function under a stable code; metadata comes from the catalog.
+         subject: str = "flashmla", *, title: str, failure: Failure | str = "", source: str = "",
+         severity: str = "error", family: str | None = None, signatures: Iterable[dict] = (),
+         page: Callable[[], dict] | None = None, added: int | None = None):
+    """Register a rule function under a stable code, with everything said about it.
 
     ``reads``: the per-step quantities it depends on (names from :data:`QUANTITIES`; default
     ``requests``); ``shape_only`` implies ``config``; ``subject``: the kind of plan a call rule
-    reads (see the module's notes)."""
+    reads (see the module's notes). ``title``, ``severity``, ``failure`` (how the process fails),
+    ``source`` (where the limit is written or measured), ``family`` (default: the code's letters),
+    ``signatures`` (the error lines the failure prints, :mod:`validator.signature`), ``page``
+    (the values of the page's ``{{name}}`` placeholders) and ``added`` (the rule's place in the
+    order the codes were assigned; bisect tries signatures in that order, rules without it after)."""
     if reads is None:
         reads = ("config",) if shape_only else ("requests",)
     reads = frozenset((reads,) if isinstance(reads, str) else reads)
@@ -103,16 +142,18 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
         raise KeyError(f"rule {code} reads unknown quantities {sorted(unknown)}; known: {sorted(QUANTITIES)}")
     if scope not in ("call", "batch"):
         raise KeyError(f"rule {code}: scope must be 'call' or 'batch', got {scope!r}")
+    if severity not in SEVERITIES:
+        raise KeyError(f"rule {code}: severity must be one of {', '.join(SEVERITIES)}, got {severity!r}")
+    failure = failure_of(failure)
+    if failure.unknown_kinds():
+        raise KeyError(f"rule {code}: failure kind(s) {failure.unknown_kinds()} unknown; known: {', '.join(KINDS)}")
+    sigs = tuple(parse_signature(code, i, raw) for i, raw in enumerate(signatures))
 
     def deco(func):
-        meta = load("catalog")["rules"].get(code)
-        if meta is None:
-            raise KeyError(f"rule {code} has no entry in rules/catalog.json")
         if code in REGISTRY:
             raise KeyError(f"rule code {code} registered twice")
-        r = Rule(code, scope, func, meta["title"], meta["severity"], meta.get("failure", ""),
-                 meta.get("source", ""), meta.get("family", code[:-3]), shape_only, reads, safe_rows,
-                 subject if scope == "call" else "batch")
+        r = Rule(code, scope, func, title, severity, failure, source, family or code.rstrip("0123456789"),
+                 shape_only, reads, safe_rows, subject if scope == "call" else "batch", sigs, page, added)
         REGISTRY[code] = r
         STATE.generation += 1
         func.rule = r
@@ -144,6 +185,19 @@ def forward_rules(kinds: frozenset = FORWARD_KINDS) -> list[Rule]:
 
 def get_rule(code: str) -> Rule | None:
     return REGISTRY.get(code.upper())
+
+
+@lru_cache(maxsize=8)
+def _signatures(gen: int) -> tuple[Signature, ...]:
+    order = {c: i for i, c in enumerate(REGISTRY)}
+    ranked = sorted(REGISTRY.values(), key=lambda r: (r.added is None, r.added or 0, order[r.code]))
+    return tuple(s for r in ranked for s in r.signatures)
+
+
+def all_signatures() -> tuple[Signature, ...]:
+    """Every registered rule's error signatures: by the rules' ``added`` order (then registration),
+    each rule's in the order it lists them."""
+    return _signatures(STATE.generation)
 
 
 @lru_cache(maxsize=64)
@@ -184,5 +238,10 @@ def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Findin
     if out:
         local = getattr(subject, "failure_for", None)   # a plan whose build fails its own way
         if local is not None:
-            out = [local(f) for f in out]
+            out = [_with_failure_class(local(f)) for f in out]
     return out
+
+
+def _with_failure_class(f: Finding) -> Finding:
+    """``f`` with its failure as a :class:`Failure` (a build's own failure comes as a knowledge file's text)."""
+    return f if isinstance(f.failure, Failure) else replace(f, failure=failure_of(f.failure))

@@ -38,7 +38,7 @@ class Finding:
         if self.fix:
             d["fix"] = self.fix
         if self.failure:
-            d["failure"] = self.failure
+            d["failure"] = str(self.failure)     # the prose; its kind is ``self.failure.kind``
         if self.source:
             d["source"] = self.source
         return d

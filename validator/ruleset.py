@@ -15,6 +15,7 @@ from .registry import (
                        STATE,
                        Rule,
                        all_rules,
+                       all_signatures,
                        forward_rules,
                        generation,
                        get_rule,
@@ -25,5 +26,5 @@ from .registry import (
                        unregister,
 )
 
-__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "forward_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
+__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "all_signatures", "forward_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
            "shape_rules", "unregister"]

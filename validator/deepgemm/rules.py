@@ -1,22 +1,53 @@
 """DG0xx: limits of DeepGEMM's paged MQA-logits metadata (the DSA indexer's scheduler)."""
 from __future__ import annotations
 
+from ..failure import Failure
 from ..knowledge import load, sm_name
 from ..registry import rule
-from .calls import RULE_KIND, DeepGemmPlan
+from .calls import RULE_KIND, DeepGemmPlan, plan, version
 
 
-@rule("DG001", reads="rows", subject=RULE_KIND)
+def mqa_metadata_page() -> dict:
+    """The numbers DG001's page quotes: each version's batch limit (``rules/deepgemm.json``) on an H200
+    (SM90) and a B200 (SM100), and SGLang 0.5.23's replacement threshold."""
+    rec = {"kind": "paged_mqa_logits_metadata", "batch": 1}
+    sm100 = plan(rec, "B200", "deepgemm-54e2261").max_batch
+    return {"sm90_rows": plan(rec, "H200", "deepgemm-54e2261").max_batch,
+            "varlen_rows": plan({**rec, "varlen": True}, "H200", "deepgemm-88965b0").max_batch,
+            "sm100_rows": sm100, "sm100_example": sm100 + 1,
+            "capacity": version("deepgemm-54e2261")["smem_capacity"],
+            "threshold": load("deepgemm")["callers"]["sglang-0.5.23"]["replacement_threshold"]}
+
+
+@rule("DG001", page=mqa_metadata_page, reads="rows", subject=RULE_KIND, added=33,
+      title="DeepGEMM paged MQA-logits metadata: batch above the scheduler's shared-memory budget",
+      failure=Failure("python_exception",
+                      "DeepGEMM's host assertion 'Assertion error (.../<impl>.hpp:N): smem_size <= "
+                      "SM90ArchSpec::smem_capacity' (or SM100ArchSpec) raises; the DSA indexer step fails",
+                      also=("process_crash",), site="sm90_fp8_mqa_logits.hpp",
+                      message="smem_size <= SM90ArchSpec::smem_capacity"),
+      source="DeepGEMM 54e2261 csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:210-212 (4*align(b,32) bytes), "
+             "csrc/jit_kernels/impls/sm100_mqa_logits.hpp:64-65 (8*b bytes), csrc/jit_kernels/heuristics/sm90.hpp:14 "
+             "/ sm100.hpp:15 (232448); 88965b0 and 7f2a703 csrc/jit_kernels/impls/smxx_fp8_fp4_paged_mqa_logits.hpp; "
+             "SGLang 0.5.23 srt/layers/attention/dsv4/metadata.py:66, :212-218 (replacement planner)",
+      signatures=[
+          {"file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
+           "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
+          {"file": "sm100_mqa_logits.hpp", "message": "smem_size <= SM100ArchSpec::smem_capacity",
+           "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
+          {"file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
+           "failure": "python_exception", "builds": ["deepgemm-88965b0", "deepgemm-7f2a703"]},
+      ])
 def mqa_metadata_smem(p: DeepGemmPlan):
     """DeepGEMM's paged MQA-logits metadata kernel keeps per-request arrays in shared memory.
 
     ## What it checks
     ``get_paged_mqa_logits_metadata`` asks for ``4*align(b, 32)`` bytes (DeepGEMM up to 7f2a703, and
-    SM90 in 54e2261: b <= 58112), ``4*(3*align(b, 32)+1)`` with varlen indices (88965b0: b <= 19360),
-    or ``8*b`` on SM100 in 54e2261 (b <= 29056), against DeepGEMM's own capacity of 232448 bytes.
+    SM90 in 54e2261: b <= {{sm90_rows}}), ``4*(3*align(b, 32)+1)`` with varlen indices (88965b0: b <= {{varlen_rows}}),
+    or ``8*b`` on SM100 in 54e2261 (b <= {{sm100_rows}}), against DeepGEMM's own capacity of {{capacity}} bytes.
     ``b`` is ``context_lens.size(0)``: requests. SGLang 0.5.23's DeepSeek-V4 indexer replaces the
     call by its own JIT planner (no shared-memory bound) when each request has one query row and the
-    forward has more than 11673 rows (or ``SGLANG_OPT_USE_JIT_INDEXER_METADATA`` is set); with
+    forward has more than {{threshold}} rows (or ``SGLANG_OPT_USE_JIT_INDEXER_METADATA`` is set); with
     several rows per request (speculative verify) DeepGEMM's planner always runs.
 
     ## Why it crashes
@@ -25,7 +56,7 @@ def mqa_metadata_smem(p: DeepGemmPlan):
     indexer step fails.
 
     ## Example
-    ``{"kind": "paged_mqa_logits_metadata", "batch": 29057}`` on a B200 with DeepGEMM 54e2261.
+    ``{"kind": "paged_mqa_logits_metadata", "batch": {{sm100_example}}}`` on a B200 with DeepGEMM 54e2261.
 
     ## Fix
     Chunk the indexer's rows (one metadata call per chunk of <= the limit), or let the engine's

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..failure import Failure
 from ..knowledge import grid_limits
 from ..registry import rule
 from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall
@@ -12,13 +13,30 @@ def _subject(p: FlashInferPlan) -> str:
     return p.call.label or p.call.summary()
 
 
-@rule("FI001", reads="rows", subject=TRTLLM_RULE_KIND)
+def grid_batch_page() -> dict:
+    """The numbers FI001's page quotes: CUDA's grid limit on z (``rules/gpus.json``)."""
+    return {"max_batch": grid_limits()["z"], "example_batch": grid_limits()["z"] + 1}
+
+
+@rule("FI001", page=grid_batch_page, reads="rows", subject=TRTLLM_RULE_KIND, added=30,
+      title="FlashInfer trtllm-gen attention: batch size above gridDim.z's 65535",
+      failure=Failure("launch_error_silent",
+                      "cuLaunchKernelEx fails, the error check only prints 'CUDA Error: CUDA_ERROR_INVALID_VALUE "
+                      ".../fmhaKernels.cuh 451' and returns; the output is never written (silently wrong attention)",
+                      site="fmhaKernels.cuh:451", message="CUDA Error: CUDA_ERROR_\\w+"),
+      source="flashinfer fb28d72 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:579 (the grid's z dimension is the "
+             "batch size), :476, :451 (launch); include/flashinfer/trtllm/common.h:44-54 (cuErrCheck prints and "
+             "continues); csrc/trtllm_fmha_kernel_launcher.cu:164 (mBatchSize = batch size)",
+      signatures=[
+          {"file": "fmhaKernels.cuh", "lines": [451, 451], "message": "CUDA Error: CUDA_ERROR_\\w+",
+           "failure": "launch_error_silent"},
+      ])
 def trtllm_gen_batch_grid(p: FlashInferPlan):
-    """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most 65535 requests per call.
+    """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most {{max_batch}} requests per call.
 
     ## What it checks
     ``trtllm_batch_decode_with_kv_cache_mla`` (and the FMHA decode entry) launch one CTA column per
-    request along the grid's z axis, whose CUDA limit is 65535.
+    request along the grid's z axis, whose CUDA limit is {{max_batch}}.
 
     ## Why it crashes
     It does not crash, which is worse: ``cuLaunchKernelEx`` fails, FlashInfer's error check only
@@ -26,10 +44,10 @@ def trtllm_gen_batch_grid(p: FlashInferPlan):
     tensor is never written; the step goes on with whatever it held - silently wrong attention.
 
     ## Example
-    ``{"kind": "trtllm_gen_mla", "batch": 65536, "q_len_per_request": 1, "h_q": 128}``.
+    ``{"kind": "trtllm_gen_mla", "batch": {{example_batch}}, "q_len_per_request": 1, "h_q": 128}``.
 
     ## Fix
-    Split decode batches above 65535 requests (``--max-running-requests``, or per-DP-rank batches).
+    Split decode batches above {{max_batch}} requests (``--max-running-requests``, or per-DP-rank batches).
 
     ## Source
     flashinfer fb28d72 ``include/flashinfer/trtllm/fmha/fmhaKernels.cuh:579`` (the batch on z),
@@ -57,7 +75,19 @@ def _first_drop(a: np.ndarray) -> int | None:
     return int(d.argmax()) if d.any() else None
 
 
-@rule("FI002", subject=PLAN_RULE_KIND)
+@rule("FI002", subject=PLAN_RULE_KIND, added=31,
+      title="FlashInfer MLA plan(): a request with a negative query length (qo_indptr decreases)",
+      failure=Failure("python_exception",
+                      "\"Error in function 'MLAPlan' at .../scheduler.cuh:1599: qo_indptr[i+1]... - qo_indptr[i]... "
+                      "should be non-negative\" (recoverable, the step fails)",
+                      site="scheduler.cuh:1599", message="qo_indptr\\[\\d+\\].*should be non-negative"),
+      source="flashinfer fb28d72 include/flashinfer/attention/scheduler.cuh:1594-1600 (MLAPlan checks each qo "
+             "length), include/flashinfer/exception.h:23 (FLASHINFER_ERROR throws), csrc/batch_mla_plan.cu:48-56",
+      signatures=[
+          {"file": "scheduler.cuh", "lines": [1599, 1599], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
+           "failure": "python_exception"},
+          {"message": "Error in function 'MLAPlan'", "failure": "python_exception"},
+      ])
 def mla_plan_qo_lengths(p: FlashInferPlan):
     """MLA ``plan()``: every request's query length ``qo_indptr[i+1] - qo_indptr[i]`` must be >= 0.
 
@@ -95,7 +125,14 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
         failure=p.facts["mla_plan"]["qo_failure"])]
 
 
-@rule("FI003", subject=PLAN_RULE_KIND)
+@rule("FI003", subject=PLAN_RULE_KIND, added=32,
+      title="FlashInfer MLA plan(): a negative KV length or a decreasing kv_indptr (not checked: the request is "
+            "dropped)",
+      failure=Failure("silent_wrong",
+                      "MLAPlan does not check KV lengths; a negative one never enters the work loop, so the request "
+                      "is not scheduled and its output rows are left unwritten"),
+      source="flashinfer fb28d72 include/flashinfer/attention/scheduler.cuh:1606 (kv_len taken as given), :1710-1711 "
+             "(work is emitted only while the remaining length is > 0 or exactly 0)")
 def mla_plan_kv_lengths(p: FlashInferPlan):
     """MLA ``plan()``: KV lengths must be >= 0 and ``kv_indptr`` non-decreasing (not checked by FlashInfer).
 

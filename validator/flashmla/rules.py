@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..failure import Failure
 from ..knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..registry import rule
 from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
+from .plan import plan as make_plan
 from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
 
 
@@ -36,14 +38,49 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-@rule("FMLA001", reads="rows")
+def _page_plan(kernel: str) -> Plan:
+    """A one-row sparse decode call on an H200 planned on ``kernel``: the facts pages quote."""
+    return make_plan({"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
+                     kernel=kernel)
+
+
+def sched_smem_page() -> dict:
+    """The numbers FMLA001's page quotes: FlashMLA 9241ae3's scheduler on an H200 (``rules/gpus.json``,
+    ``rules/flashmla.json``), for the page's example call."""
+    p = make_plan({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
+                  kernel="flashmla-9241ae3")
+    return {"smem_optin": p.gpu.smem_optin, "max_rows": p.max_sched_rows, "example_smem": p.sched_smem_bytes}
+
+
+@rule("FMLA001", reads="rows", added=1, page=sched_smem_page,
+      title="scheduler shared memory: query rows above the GPU's opt-in limit",
+      failure=Failure("process_exit",
+                      "raising the scheduling kernel's shared-memory limit fails, the library prints 'CUDA error "
+                      "(.../get_decoding_sched_meta.cu:111): invalid argument' and calls exit(1)",
+                      site="get_decoding_sched_meta.cu:111", message="invalid argument"),
+      source="FlashMLA 9241ae3 csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu (dynamic smem "
+             "4*(5b+1) B); measured on H200: b=11622 ok, 11623 exits",
+      signatures=[
+          {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
+           "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
+           "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
+                     "on H200 (flashmla-facts.md section 4)"},
+          {"file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
+           "builds": ["flashmla-1408756"],
+           "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
+                     "(flashmla-facts.md section 6)"},
+          {"file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
+           "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
+           "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
+                     "from the binary)"},
+      ])
 def sched_smem(p: Plan):
     """Scheduler shared memory: at most ``(smem_optin - 4) // 20`` query rows per call.
 
     ## What it checks
     The decode scheduling kernel keeps five int32 arrays of length ``b`` (plus one word) in dynamic
     shared memory: ``4*(5b+1)`` bytes. The GPU grants at most ``shared_memory_per_block_optin``
-    (232448 bytes on SM90 and SM100), so ``b <= 11622``. ``b`` is ``q.shape[0]``: for engines that
+    ({{smem_optin}} bytes on SM90 and SM100), so ``b <= {{max_rows}}``. ``b`` is ``q.shape[0]``: for engines that
     flatten a prefill into one row per token it is the number of query tokens, not requests. The
     limit does not depend on s_q, h_q, topk, or dense versus sparse.
 
@@ -53,12 +90,12 @@ def sched_smem(p: Plan):
     ``exit(1)``. No Python exception: the whole serving process dies.
 
     ## Example
-    ``{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}``: needs 245764 B
-    of 232448 B; a DeepSeek-V4 prefill of 3 x 4096 tokens on SGLang.
+    ``{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}``: needs {{example_smem}} B
+    of {{smem_optin}} B; a DeepSeek-V4 prefill of 3 x 4096 tokens on SGLang.
 
     ## Fix
-    Keep every call at or below 11622 rows: split the batch (``validate-batch check`` proposes the
-    minimal split), cap ``--chunked-prefill-size`` / ``--max-prefill-tokens`` at 11622, or route large
+    Keep every call at or below {{max_rows}} rows: split the batch (``validate-batch check`` proposes the
+    minimal split), cap ``--chunked-prefill-size`` / ``--max-prefill-tokens`` at {{max_rows}}, or route large
     prefills to ``flash_mla_sparse_fwd`` (no scheduler, no row limit).
 
     ## Source
@@ -95,7 +132,27 @@ def oaccum_safe_rows(p: Plan) -> int | None:
     return max(_int_max(acc["offset_bits"]) // stride - p.num_sm_parts + 1, 0)
 
 
-@rule("FMLA002", reads="schedule", safe_rows=oaccum_safe_rows)
+@rule("FMLA002", reads="schedule", safe_rows=oaccum_safe_rows, added=2,
+      title="32-bit o_accum row offset overflows for a split request",
+      failure=Failure("illegal_memory_access",
+                      "'CUDA error (.../combine.cu:197): an illegal memory access was encountered', exit(1); the "
+                      "CUDA context is poisoned",
+                      site="combine.cu:197", message="illegal memory access"),
+      source="FlashMLA 9241ae3 split-KV kernel and csrc/smxx/decode/combine/combine.cu (row * s_q*h_q*512 computed "
+             "in int32); measured on H200: split row 4095 ok, 4096 fails at s_q=8, h_q=128",
+      signatures=[
+          {"file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
+           "failure": "illegal_memory_access", "builds": ["flashmla-9241ae3", "vllm-0.33", "sgl-kernel-flashmla"],
+           "source": "flashmla.json combine.error_site of flashmla-9241ae3, vllm-0.33-legacy, "
+                     "sgl-kernel-flashmla-legacy; measured on H200 with 9241ae3 (split row 4096 at s_q 8, h_q 128)"},
+          {"file": "combine.cu", "lines": [206, 206], "message": "illegal memory access",
+           "failure": "illegal_memory_access", "builds": ["sgl-flash-mla-1.0.0"],
+           "source": "flashmla.json sgl-flash-mla-1.0.0-legacy combine.error_site; measured on H200 "
+                     "(flashmla-builds.md section 2)"},
+          {"file": "mla_combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access",
+           "builds": ["flashmla-1408756"],
+           "source": "flashmla.json flashmla-1408756 combine.error_site (no line recorded)"},
+      ])
 def oaccum_offset(p: Plan):
     """32-bit o_accum offset: the last partial-result row of a split request times ``s_q*h_q*512`` < 2^31.
 
@@ -144,7 +201,19 @@ def oaccum_offset(p: Plan):
     )]
 
 
-@rule("FMLA003", reads="lengths")
+@rule("FMLA003", reads="lengths", added=3,
+      title="per-request topk_length / extra_topk_length outside [0, width]",
+      failure=Failure("undefined_behaviour",
+                      "reads past the row of indices; measured: illegal memory access at combine.cu:197 (exit(1)) "
+                      "for 200 > 128, silent wrong results for 129",
+                      site="combine.cu:197", message="illegal memory access"),
+      source="FlashMLA 9241ae3 csrc/api/sparse_decode.h (lengths are trusted); measured on H200",
+      signatures=[
+          {"file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
+           "failure": "illegal_memory_access", "builds": ["flashmla-9241ae3"],
+           "source": "measured on H200 with 9241ae3: topk_length 200 > topk 128 reported at combine.cu:197 "
+                     "(flashmla-facts.md section 4)"},
+      ])
 def topk_length_range(p: Plan):
     """Per-request lengths within their cache width: ``0 <= topk_length[i] <= topk`` (and extra).
 
@@ -192,7 +261,22 @@ def topk_length_range(p: Plan):
     return out
 
 
-@rule("FMLA004", shape_only=True)
+@rule("FMLA004", shape_only=True, added=4,
+      title="topk (or SM100 head64 extra_topk) not a multiple of 64",
+      failure=Failure("process_crash",
+                      "a host assertion that topk is a multiple of the top-k block fails, then SIGSEGV",
+                      site="splitkv_mla.cuh:689", message="topk"),
+      source="FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:689; measured on H200 with topk=100",
+      signatures=[
+          {"file": "splitkv_mla.cuh", "lines": [689, 689], "message": "topk", "failure": "process_crash",
+           "builds": ["flashmla-9241ae3"],
+           "source": "FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:689 (host assertion); measured on "
+                     "H200 with topk 100: SIGSEGV after it"},
+          {"file": "splitkv_mla.cuh", "lines": [691, 691], "message": "topk", "failure": "python_exception",
+           "builds": ["sgl-flash-mla-1.0.0"],
+           "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl): RuntimeError for "
+                     "the assertion at splitkv_mla.cuh:691"},
+      ])
 def topk_alignment(p: Plan):
     """``topk`` a multiple of 64 (SM100 head64: ``extra_topk`` too).
 
@@ -232,7 +316,17 @@ def topk_alignment(p: Plan):
     return out
 
 
-@rule("FMLA005", shape_only=True)
+@rule("FMLA005", shape_only=True, added=5,
+      title="unsupported head count or head dimension for sparse decode",
+      failure=Failure("process_crash", also=("python_exception",), message="Segmentation fault|SIGSEGV",
+                      text="process_crash for h_q outside {64, 128} (SIGSEGV, no message); python_exception for d_qk "
+                           "outside {512, 576}"),
+      source="FlashMLA 9241ae3 csrc/api/sparse_decode.h; measured on H200: h_q 32/96 crash, d_qk 448 RuntimeError",
+      signatures=[
+          {"message": "Segmentation fault|SIGSEGV", "failure": "process_crash", "builds": ["flashmla-9241ae3"],
+           "source": "measured on H200 with 9241ae3: h_q 32 or 96 crash with SIGSEGV and no message "
+                     "(flashmla-facts.md section 4)"},
+      ])
 def sparse_heads(p: Plan):
     """Sparse decode shapes: ``h_q in {64, 128}``, ``h_kv == 1``, ``d_qk in {512, 576}``, ``d_v == 512``.
 
@@ -273,7 +367,18 @@ def sparse_heads(p: Plan):
             for name, value, allowed, fix in checks if value not in allowed]
 
 
-@rule("FMLA006", shape_only=True)
+@rule("FMLA006", shape_only=True, added=6,
+      title="V3.2 KV layout (d_qk 576) on SM90 with topk_length or an extra KV cache",
+      failure=Failure("process_crash",
+                      "host assertion ('V3.2 does not support dynamic topk length' / 'extra KV cache') then SIGSEGV",
+                      site="splitkv_mla.cuh:700-701", message="V3\\.2 does not support"),
+      source="FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:700-701; measured on H200",
+      signatures=[
+          {"file": "splitkv_mla.cuh", "lines": [700, 701], "message": "V3\\.2 does not support",
+           "failure": "process_crash", "builds": ["flashmla-9241ae3"],
+           "source": "FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:700-701 (host assertions); "
+                     "measured on H200: the process crashes"},
+      ])
 def v32_layout(p: Plan):
     """V3.2 layout (``d_qk == 576``) on SM90 takes no ``topk_length`` and no extra KV cache.
 
@@ -316,7 +421,11 @@ def v32_layout(p: Plan):
     return out
 
 
-@rule("FMLA007", shape_only=True)
+@rule("FMLA007", shape_only=True, added=7,
+      title="KV cache layout: row stride or alignment does not match the layout",
+      failure=Failure("python_exception", also=("process_crash",), text="python_exception or host assertion"),
+      source="FlashMLA 9241ae3 csrc/api/sparse_decode.h (token stride equal to bytes_per_token; SM100 block stride a "
+             "multiple of 576/656, 16-byte base)")
 def kv_layout(p: Plan):
     """KV cache ``[blocks, page, 1, bytes_per_token]`` whose token stride is ``bytes_per_token``.
 
@@ -364,13 +473,33 @@ def kv_layout(p: Plan):
     return out
 
 
-@rule("FMLA008", shape_only=True)
+def combine_parts_page() -> dict:
+    """The numbers FMLA008's page quotes: FlashMLA 9241ae3's combine dispatch (``rules/flashmla.json``)."""
+    p = _page_plan("flashmla-9241ae3")
+    return {"max_parts": p.gen["combine"]["max_num_sm_parts"]}
+
+
+@rule("FMLA008", shape_only=True, added=8, page=combine_parts_page,
+      title="more partitions than the combine kernel dispatches",
+      failure=Failure("process_exit", "the combine dispatch has no case for num_sm_parts > 160 and calls exit(1)",
+                      site="combine.cu:183"),
+      source="FlashMLA 1408756 csrc/smxx/mla_combine.cu:154-174 and 9241ae3 "
+             "csrc/smxx/decode/combine/combine.cu:165-185 (dispatch in steps of 32 up to 160 partitions, else an "
+             "assertion that exits); the 2026.09.30 kernels up to 256 (read from the binary)",
+      signatures=[
+          {"file": "combine.cu", "lines": [183, 183], "failure": "process_exit",
+           "builds": ["flashmla-9241ae3", "vllm-0.33", "sgl-kernel-flashmla"],
+           "source": "FlashMLA 9241ae3 csrc/smxx/decode/combine/combine.cu:183: the split-count dispatch has no case "
+                     "above 160 and fails its assertion (exit(1), csrc/utils.h:17-23)"},
+          {"file": "mla_combine.cu", "lines": [172, 172], "failure": "process_exit", "builds": ["flashmla-1408756"],
+           "source": "FlashMLA 1408756 csrc/smxx/mla_combine.cu:172: the same dispatch assertion"},
+      ])
 def combine_parts(p: Plan):
-    """``num_sm_parts <= 160``: the combine kernel is dispatched for at most 160 partitions.
+    """``num_sm_parts <= {{max_parts}}``: the combine kernel is dispatched for at most {{max_parts}} partitions.
 
     ## What it checks
     ``num_sm_parts`` follows from the GPU's SM count and the call's shape; the combine kernel that
-    merges split results has instantiations up to 160 partitions. Only GPUs with more than 160 SMs
+    merges split results has instantiations up to {{max_parts}} partitions. Only GPUs with more than {{max_parts}} SMs
     (or custom profiles) can reach it.
 
     ## Why it crashes
@@ -394,7 +523,16 @@ def combine_parts(p: Plan):
         fix="use a FlashMLA build whose combine kernel covers this many partitions")]
 
 
-@rule("FMLA009", shape_only=True)
+@rule("FMLA009", shape_only=True, added=9,
+      title="a tensor stride does not fit in int32",
+      failure=Failure("python_exception", "stride check on the host", message="Stride exceeds int32 limit"),
+      source="FlashMLA 9241ae3 csrc/api/ (int32 stride parameters), read from source",
+      signatures=[
+          {"message": "Stride exceeds int32 limit", "failure": "python_exception", "builds": ["sgl-flash-mla-1.0.0"],
+           "source": "measured on H200 with sgl-flash-mla 1.0.0 "
+                     "(fixtures/measured/sglfm_h200_combine_grid_measured.json): a RuntimeError naming "
+                     "csrc_legacy/api/common.h:115 inside its message, raised before any kernel runs"},
+      ])
 def int32_strides(p: Plan):
     """Every tensor stride of the call fits in int32.
 
@@ -440,7 +578,17 @@ def int32_strides(p: Plan):
     return out
 
 
-@rule("FMLA010", reads="rows")
+@rule("FMLA010", reads="rows", added=10,
+      title="split-KV workspace larger than the GPU's memory",
+      severity="warning",
+      failure=Failure("python_exception", "CUDA out of memory while allocating lse_accum/o_accum",
+                      message="CUDA out of memory|OutOfMemoryError"),
+      source="FlashMLA 9241ae3 flash_mla_interface.py (fp32 lse_accum [b+P, s_q, h_q] and o_accum [b+P, s_q, h_q, "
+             "512])",
+      signatures=[
+          {"message": "CUDA out of memory|OutOfMemoryError", "failure": "python_exception",
+           "source": "PyTorch's allocator raises torch.OutOfMemoryError when lse_accum/o_accum do not fit"},
+      ])
 def workspace(p: Plan):
     """The split-KV workspace must fit in GPU memory (a warning: the failure is recoverable).
 
@@ -479,7 +627,10 @@ def workspace(p: Plan):
     return None
 
 
-@rule("FMLA011", shape_only=True)
+@rule("FMLA011", shape_only=True, added=11,
+      title="dense decode outside its envelope (SM90 only, page block 64)",
+      failure=Failure("python_exception"),
+      source="FlashMLA 9241ae3 csrc/api/dense_decode.h, read from source")
 def dense_envelope(p: Plan):
     """Dense decode runs only on SM90 with a page block size of 64.
 
@@ -516,7 +667,10 @@ def dense_envelope(p: Plan):
     return out
 
 
-@rule("FMLA012", shape_only=True)
+@rule("FMLA012", shape_only=True, added=12,
+      title="sparse decode needs an fp8 KV cache and causal=False",
+      failure=Failure("python_exception"),
+      source="FlashMLA 9241ae3 flash_mla_interface.py / csrc/api/sparse_decode.h, read from source")
 def sparse_requirements(p: Plan):
     """Sparse decode needs ``is_fp8_kvcache=True`` and ``causal=False``.
 
@@ -551,7 +705,16 @@ def sparse_requirements(p: Plan):
     return out
 
 
-@rule("FMLA013", shape_only=True)
+@rule("FMLA013", shape_only=True, added=13,
+      title="no FlashMLA decode implementation for this GPU and shape",
+      failure=Failure("python_exception", "unsupported architecture / shape", message="only supported on SM100f"),
+      source="FlashMLA 9241ae3 csrc/api/sparse_decode.h and dense_decode.h (SM90 and SM100 only)",
+      signatures=[
+          {"message": "only supported on SM100f", "failure": "python_exception",
+           "builds": ["sgl-flash-mla-1.0.0", "flashmla-2026.09.30"],
+           "source": "measured on H200 with sgl-flash-mla 1.0.0, use_legacy=False (oracle sglfm_h200_probes.jsonl): "
+                     "RuntimeError naming the SM100f requirement"},
+      ])
 def implementation_exists(p: Plan):
     """There must be a decode implementation for the GPU's architecture and the call's shape.
 
@@ -597,7 +760,28 @@ def implementation_exists(p: Plan):
         fix=f"use an {sm_list(archs)} GPU and a supported head count")]
 
 
-@rule("FMLA014", reads="rows")
+@rule("FMLA014", reads="rows", added=14,
+      title="sparse prefill (flash_mla_sparse_fwd) with zero query rows",
+      failure=Failure("process_crash", also=("python_exception",),
+                      message="TMA Desc Addr|Failed to initialize the TMA descriptor",
+                      text="process_crash on 9241ae3: SIGSEGV after printing a TMA descriptor dump; python_exception "
+                           "on sgl-flash-mla 1.0.0 (RuntimeError at phase1.cuh:621)"),
+      source="FlashMLA 9241ae3 flash_mla_sparse_fwd; measured on H200: s_q=0 crashes, 1..200000 run; sgl-flash-mla "
+             "1.0.0 measured on H200 (sglfm_h200_probes)",
+      signatures=[
+          {"message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
+           "builds": ["flashmla-9241ae3", "flashmla-1408756"],
+           "source": "measured on H200 with 9241ae3 (oracle flashmla_h200_sparse_prefill_probes.jsonl, s_q 0): a TMA "
+                     "descriptor dump, then SIGSEGV; 1408756 inferred from the same code"},
+          {"file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
+           "builds": ["flashmla-9241ae3"],
+           "source": "FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh:614: the host assertion on the encoded "
+                     "TMA descriptor (read from source)"},
+          {"file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
+           "builds": ["sgl-flash-mla-1.0.0"],
+           "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl, 'legacy prefill "
+                     "s_q=0'): RuntimeError for the assertion at phase1.cuh:621"},
+      ])
 def sparse_prefill_rows(p: Plan):
     """``flash_mla_sparse_fwd`` needs at least one query row (and has no upper row limit).
 
@@ -625,14 +809,24 @@ def sparse_prefill_rows(p: Plan):
                                              numbers={"s_q": 0, "min": 1}, fix="do not launch the kernel for an empty chunk")]
 
 
-@rule("FMLA015", reads="rows")
+def sched_fallback_page() -> dict:
+    """The numbers FMLA015's page quotes: sgl-flash-mla 1.0.0's fast scheduler on an H200."""
+    p = _page_plan("sgl-flash-mla-1.0.0")
+    return {"fast_rows": p.fast_sched_rows}
+
+
+@rule("FMLA015", reads="rows", added=15, page=sched_fallback_page,
+      title="scheduler falls back to the low-shared-memory kernel (slow, legal)",
+      severity="warning",
+      source="sgl-flash-mla 1.0.0 legacy kernels and sgl-kernel's vendored copy; measured on H200 with sgl-flash-mla "
+             "1.0.0")
 def sched_fallback(p: Plan):
     """The scheduler does not fit in shared memory and this build falls back to a slow one (a warning).
 
     ## What it checks
     Builds with a low-shared-memory fallback (``sgl-flash-mla`` 1.0.0's legacy kernels, sgl-kernel's
     vendored copy) run the same schedule through a slower low-shared-memory scheduling kernel when the fast
-    scheduler's shared memory (``4*(3b+1)`` bytes on sgl-flash-mla, b <= 19370 on an H200) does not
+    scheduler's shared memory (``4*(3b+1)`` bytes on sgl-flash-mla, b <= {{fast_rows}} on an H200) does not
     fit. The metadata is identical; the call is legal.
 
     ## Why it crashes
@@ -665,14 +859,34 @@ def sched_fallback(p: Plan):
         fix=f"keep calls at <= {fast} rows where step time matters (split the forward)")]
 
 
-@rule("FMLA016", reads="rows")
+def static_batch_page() -> dict:
+    """The numbers FMLA016's page quotes: the dense fp8 scheduler's array size (``rules/flashmla.json``)."""
+    p = make_plan({"kind": "dense_fp8", "b": 1, "s_q": 1, "h_q": 128, "seqlens": [1]}, gpu="H200",
+                  kernel="sgl-flash-mla-1.0.0")
+    return {"max_b": p.gen["max_batch"]["max_b"]}
+
+
+@rule("FMLA016", reads="rows", added=16, page=static_batch_page,
+      title="static scheduler arrays: more requests than the dense fp8 scheduler takes",
+      failure=Failure("process_exit",
+                      "the dense fp8 scheduler's assertion that the batch fits its static arrays fails "
+                      "(dense_fp8/flash_fwd_mla_metadata.cu:74), exit code 1",
+                      site="flash_fwd_mla_metadata.cu:74", message="batch_size < MaxBatchSize"),
+      source="dense fp8 scheduler (fork's SM90 extension, vLLM's); measured on H200 with sgl-flash-mla 1.0.0: 4095 "
+             "ok, 4096 exits",
+      signatures=[
+          {"file": "flash_fwd_mla_metadata.cu", "lines": [74, 74], "message": "batch_size < MaxBatchSize",
+           "failure": "process_exit",
+           "source": "measured on H200 (oracle sglfm_h200_probes.jsonl): 'Assertion failed "
+                     "(.../dense_fp8/flash_fwd_mla_metadata.cu:74): params.batch_size < MaxBatchSize', exit code 1"},
+      ])
 def static_batch(p: Plan):
     """A scheduler with static per-request arrays takes at most their size of requests.
 
     ## What it checks
     The dense fp8 path (``fwd_kvcache_mla_fp8``, scheduled by ``get_mla_decoding_metadata(...,
     is_fp8_kvcache=True)``) runs FlashMLA's first-generation scheduler, whose per-request arrays
-    have a fixed size: b <= 4095.
+    have a fixed size: b <= {{max_b}}.
 
     ## Why it crashes
     The scheduler's assertion that the batch fits its static arrays fails (reported at
@@ -682,7 +896,7 @@ def static_batch(p: Plan):
     ``{"kind": "dense_fp8", "b": 4096, "s_q": 1, "h_q": 128, "seqlens": [...]}``.
 
     ## Fix
-    Keep dense fp8 decode batches at <= 4095 requests (``--max-running-requests``), or split.
+    Keep dense fp8 decode batches at <= {{max_b}} requests (``--max-running-requests``), or split.
 
     ## Source
     Measured on an H200 with sgl-flash-mla 1.0.0: 4095 ok, 4096 exits.
@@ -696,17 +910,56 @@ def static_batch(p: Plan):
         fix=f"split into calls of <= {lim['max_b']} requests", failure=lim["failure"])]
 
 
-@rule("FMLA017", reads="rows")
+def combine_grid_page() -> dict:
+    """The numbers FMLA017's page quotes: CUDA's grid limits (``rules/gpus.json``) and what they allow
+    on 1408756's grid (``ceil(s_q*h_q/heads per block)`` on y)."""
+    lim = grid_limits()
+    per = _page_plan("flashmla-1408756").gen["combine_heads_per_block"]
+    return {"grid_y": lim["y"], "grid_z": lim["z"], "y_heads": lim["y"] * per,
+            "s_q_128": lim["y"] * per // 128, "s_q_64": lim["y"] * per // 64}
+
+
+@rule("FMLA017", reads="rows", added=25, page=combine_grid_page,
+      title="combine kernel launch grid exceeds CUDA's grid limits (s_q*h_q/8 on gridDim.y before upstream PR #182)",
+      failure=Failure("process_exit",
+                      "the combine launch is refused (a grid dimension over its limit: 'invalid configuration "
+                      "argument' or 'invalid argument'); the error check prints 'CUDA error "
+                      "(.../mla_combine.cu:201)' (1408756) or '(.../combine.cu:210)' (9241ae3) and calls exit(1)",
+                      site="mla_combine.cu:201", message="invalid (configuration )?argument"),
+      source="FlashMLA 1408756 csrc/smxx/mla_combine.cu:192 (grid (b, ceil(s_q*h_q/8), 1)), :201 (check); 9241ae3 "
+             "(PR #182) csrc/smxx/decode/combine/combine.cu:203 (grid (b*s_q, 1, ceil(h_q/8))), :210; 2026.09.30 "
+             "kernels grid (b, s_q, ceil(h_q/8)) read from the binary; sgl-kernel's fork (sgl-project/FlashMLA "
+             "9804b12) csrc/smxx/decode/combine/combine.cu:202 (grid (b, s_q, ceil(h_q/8))), :209; sgl-flash-mla "
+             "1.0.0 legacy kernels: grid (b*s_q, 1, ceil(h_q/8)) measured on H200 from the CUDA kernel trace, no "
+             "launch refused up to s_q 65535 (fixtures/measured/sglfm_h200_combine_grid_measured.json): no grid "
+             "limit below b*s_q = 2^31-1",
+      signatures=[
+          {"file": "mla_combine.cu", "lines": [201, 201], "message": "invalid (configuration )?argument",
+           "failure": "process_exit", "builds": ["flashmla-1408756"],
+           "source": "FlashMLA 1408756 csrc/smxx/mla_combine.cu:192 (grid), :201 (the launch check that prints and "
+                     "exits)"},
+          {"file": "combine.cu", "lines": [210, 210], "message": "invalid (configuration )?argument",
+           "failure": "process_exit", "builds": ["flashmla-9241ae3"],
+           "source": "FlashMLA 9241ae3 csrc/smxx/decode/combine/combine.cu:203 (grid), :210 (the launch check)"},
+          {"file": "combine.cu", "lines": [209, 209], "message": "invalid (configuration )?argument",
+           "failure": "process_exit", "builds": ["sgl-kernel-flashmla"],
+           "source": "sgl-kernel's FlashMLA fork 9804b12 csrc/smxx/decode/combine/combine.cu:202 (grid), :209 (the "
+                     "launch check)"},
+          {"file": "combine.cu", "message": "invalid (configuration )?argument", "failure": "process_exit",
+           "builds": ["flashmla-2026.09.30", "sgl-flash-mla-1.0.0", "vllm-0.33"],
+           "source": "the combine kernel's launch check of the 2026.09.30 kernels, sgl-flash-mla 1.0.0 and vLLM 0.33 "
+                     "(file named, line not recorded)"},
+      ])
 def combine_grid(p: Plan):
-    """The combine kernel's launch grid must fit CUDA's grid limits (x < 2^31, y and z <= 65535).
+    """The combine kernel's launch grid must fit CUDA's grid limits (x < 2^31, y <= {{grid_y}}, z <= {{grid_z}}).
 
     ## What it checks
     The kernel that merges split results is launched with one CTA per (request, query token, 8 heads),
     laid out differently per build. FlashMLA ``1408756`` (and every build before upstream PR #182)
-    puts ``ceil(s_q*h_q/8)`` on the grid's y dimension, so ``s_q*h_q <= 524280``: ``s_q <= 4095`` at
-    ``h_q = 128``, ``s_q <= 8191`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
+    puts ``ceil(s_q*h_q/8)`` on the grid's y dimension, so ``s_q*h_q <= {{y_heads}}``: ``s_q <= {{s_q_128}}`` at
+    ``h_q = 128``, ``s_q <= {{s_q_64}}`` at ``h_q = 64``. ``9241ae3`` (PR #182 itself) launches
     ``(b*s_q, 1, ceil(h_q/8))``: ``b*s_q <= 2^31-1``. The current kernels (2026.09.30) launch
-    ``(b, s_q, ceil(h_q/8))``: ``s_q <= 65535``, as does sgl-kernel's fork (9804b12, before PR #182).
+    ``(b, s_q, ceil(h_q/8))``: ``s_q <= {{grid_y}}``, as does sgl-kernel's fork (9804b12, before PR #182).
     sgl-flash-mla 1.0.0's legacy kernels (``use_legacy=True``) launch ``(b*s_q, 1, ceil(h_q/8))``, as
     measured on an H200: no grid limit below ``b*s_q = 2^31-1``, which no GPU's memory reaches (its
     int32 strides, FMLA009, stop ``s_q`` at 65535 first). Only split-KV attention calls run the
@@ -756,7 +1009,25 @@ def combine_grid(p: Plan):
     return out
 
 
-@rule("FMLA018", subject=REUSE_KIND)
+@rule("FMLA018", subject=REUSE_KIND, added=26,
+      title="FlashMLASchedMeta reused after the shapes or per-request lengths it was planned for changed",
+      failure=Failure("silent_wrong",
+                      "a schedule planned for other per-row lengths (topk_length, extra_topk_length, cache_seqlens) "
+                      "or another enable_batch_invariant is used unchecked on every build; a changed compared shape "
+                      "field (b, s_q, h_q, h_k, page sizes, topk, extra_topk, causal, fp8) is a python_exception "
+                      "(AssertionError) on the builds with FlashMLASchedMeta",
+                      also=("python_exception",), site="flash_mla_interface.py",
+                      message="sched_meta\\.config\\.\\w+ must be equal to"),
+      source="FlashMLA 9241ae3 flash_mla/flash_mla_interface.py:115-149 (the first call fills FlashMLASchedMeta; "
+             "later calls compare only the shape fields at :139-149); 1408756 returns plain metadata tensors "
+             "(nothing compared); 2026.09.30 kernels: length values not compared (flashmla-builds.md section 3, read "
+             "from the binary)",
+      signatures=[
+          {"file": "flash_mla_interface.py", "message": "sched_meta\\.config\\.\\w+ must be equal to",
+           "failure": "python_exception",
+           "source": "FlashMLA flash_mla_interface.py:139-149: the schedule's recorded configuration compared with "
+                     "the call's"},
+      ])
 def sched_meta_reuse(s: ReuseCheck):
     """A schedule may be reused only for a call that needs exactly that schedule.
 
@@ -805,7 +1076,24 @@ def sched_meta_reuse(s: ReuseCheck):
         fix="make a new FlashMLASchedMeta whenever the lengths change (the library does not compare them)")]
 
 
-@rule("FMLA019", subject=INDICES_KIND)
+@rule("FMLA019", subject=INDICES_KIND, added=27,
+      title="sparse decode index outside the KV cache (only exactly -1 is skipped)",
+      failure=Failure("illegal_memory_access",
+                      "an index other than -1 outside [0, num_blocks*page_size) is turned into a block and row "
+                      "offset unchecked and read (reported later, e.g. at combine.cu), or silently wrong attention "
+                      "when the address happens to be mapped",
+                      site="combine.cu", message="illegal memory access"),
+      source="FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:531-539 (positions past topk_length "
+             "become -1 on MODEL1; -1 maps to block 0; every other value is divided by the page size as unsigned and "
+             "dereferenced); 1408756 csrc/sm90/decode/sparse_fp8/splitkv_mla.cu:484-522; current kernels: only -1 "
+             "skipped (flashmla-builds.md section 3)",
+      signatures=[
+          {"file": "combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access",
+           "source": "an out-of-range decode index reads out of bounds in the split-KV kernel (9241ae3 "
+                     "splitkv_mla.cuh:531-539); the sticky error surfaces at the combine kernel's check"},
+          {"file": "splitkv_mla.cuh", "message": "illegal memory access", "failure": "illegal_memory_access",
+           "source": "the same read reported at the split-KV kernel's own check"},
+      ])
 def decode_indices(s: IndicesCheck):
     """Sparse decode indices must be ``-1`` or a token slot of the KV cache.
 
@@ -843,7 +1131,26 @@ def decode_indices(s: IndicesCheck):
         fix="fill unused index slots with -1 and keep indices below num_blocks * page_size")]
 
 
-@rule("FMLA020", reads="lengths")
+@rule("FMLA020", reads="lengths", added=34,
+      title="dense fp8 attention (fwd_kvcache_mla_fp8): a request with cache_seqlens 0 (a CUDA-graph padding row) "
+            "reads the block-table entry before its row and the page it names",
+      failure=Failure("illegal_memory_access",
+                      "a request with cache_seqlens 0 inside a partition starts one block before its first: the "
+                      "kernel reads the block-table entry just before the row's (before the whole table for row 0) "
+                      "and copies a 64-token tile of the page it names; with CUDA-graph padding rows whose "
+                      "block_table is -1 that is the page before the KV pool (out of bounds), otherwise another "
+                      "request's page (silent)",
+                      message="illegal memory access"),
+      source="vllm-project/FlashMLA 46d64a8 csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:292, :414-415, "
+             ":455-458; flash_fwd_mla_metadata.cu:20, :43 (a 0-block request is still placed in a partition); the "
+             "TMA-based dense kernels (1408756 csrc/sm90/decode/dense/splitkv_mla.cu:1091, 9241ae3 "
+             "splitkv_mla.cuh:1082) hand the page to a TMA load whose out-of-range coordinates are zero-filled",
+      signatures=[
+          {"message": "illegal memory access", "failure": "illegal_memory_access",
+           "builds": ["sgl-flash-mla-1.0.0", "vllm-0.33"],
+           "source": "vLLM's FlashMLA 46d64a8 flash_fwd_mla_kernel.h:292, :414-415, :455-458: a length-0 row reads "
+                     "the block-table entry before its row (read from source, not measured)"},
+      ])
 def empty_dense_row(p: Plan):
     """Dense fp8 decode: every request needs ``cache_seqlens >= 1`` (CUDA-graph padding rows too).
 

@@ -1,4 +1,5 @@
-"""Which rules an error line is the signature of: the ``signatures`` of each rule in ``rules/catalog.json``.
+"""Which rules an error line is the signature of: the ``signatures`` each rule's definition declares
+(:mod:`validator.signature`), read through the registry (a rule registered at run time counts too).
 
 A rule explains a crash only when one of its signatures matches the error line (see
 :func:`matching`). A signature is ``{"file", "lines", "message", "failure", "builds"}``:
@@ -19,90 +20,12 @@ gives at most a *possible* rule (:func:`possible`), reported as such.
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-from functools import lru_cache
-
-from ..knowledge import load
+from ..ruleset import all_signatures
+from ..signature import Signature, SignatureDataError
 from .crash_lines import ErrorEvent
 
-FIELDS = ("file", "lines", "message", "failure", "builds", "source", "note")
-
-
-@dataclass(frozen=True)
-class Signature:
-    code: str
-    index: int
-    file: str | None
-    lines: tuple[int, int] | None
-    message: re.Pattern | None
-    failure: str
-    builds: tuple[str, ...]
-    source: str = ""
-
-    def to_dict(self) -> dict:
-        d: dict = {"rule": self.code, "signature": self.index, "failure": self.failure}
-        if self.file:
-            d["file"] = self.file
-        if self.lines:
-            d["lines"] = list(self.lines)
-        if self.message is not None:
-            d["message"] = self.message.pattern
-        if self.builds:
-            d["builds"] = list(self.builds)
-        return d
-
-
-class SignatureDataError(ValueError):
-    """A malformed ``signatures`` entry in rules/catalog.json (the message names the entry and field)."""
-
-
-def _parse(code: str, i: int, raw: object) -> Signature:
-    where = f"rules/catalog.json rules.{code}.signatures[{i}]"
-    if not isinstance(raw, dict):
-        raise SignatureDataError(f"{where}: expected an object, got {type(raw).__name__}")
-    unknown = sorted(set(raw) - set(FIELDS))
-    if unknown:
-        raise SignatureDataError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
-    failure = raw.get("failure")
-    if not isinstance(failure, str) or not failure:
-        raise SignatureDataError(f"{where}.failure: expected a failure class such as 'process_exit', got {failure!r}")
-    file = raw.get("file")
-    if file is not None and (not isinstance(file, str) or "/" in file or not file):
-        raise SignatureDataError(f"{where}.file: expected a file name without directories, got {file!r}")
-    lines = raw.get("lines")
-    if lines is not None:
-        if (not isinstance(lines, list) or len(lines) != 2 or not all(isinstance(x, int) and not isinstance(x, bool)
-                                                                      for x in lines) or lines[0] > lines[1]):
-            raise SignatureDataError(f"{where}.lines: expected [lo, hi] with lo <= hi, got {lines!r}")
-        if file is None:
-            raise SignatureDataError(f"{where}.lines: a line range needs the file it is in")
-    msg = raw.get("message")
-    pattern = None
-    if msg is not None:
-        try:
-            pattern = re.compile(msg)
-        except (re.error, TypeError) as e:
-            raise SignatureDataError(f"{where}.message: not a regular expression ({e})") from None
-    if file is None and pattern is None:
-        raise SignatureDataError(f"{where}: give the file or the message the error line shows")
-    builds = raw.get("builds") or []
-    if not isinstance(builds, list) or not all(isinstance(b, str) for b in builds):
-        raise SignatureDataError(f"{where}.builds: expected a list of build names, got {builds!r}")
-    return Signature(code, i, file, tuple(lines) if lines else None, pattern, failure, tuple(builds),
-                     str(raw.get("source", "")))
-
-
-@lru_cache(maxsize=None)
-def all_signatures() -> tuple[Signature, ...]:
-    """Every rule's signatures, in catalog order (retired rules have none that count)."""
-    out = []
-    for code, entry in load("catalog")["rules"].items():
-        if entry.get("retired"):
-            continue
-        for i, raw in enumerate(entry.get("signatures", []) or []):
-            out.append(_parse(code, i, raw))
-    return tuple(out)
+__all__ = ["Signature", "SignatureDataError", "all_signatures", "matching", "matching_codes", "possible",
+           "signatures_of", "why_not"]
 
 
 def signatures_of(code: str) -> list[Signature]:
@@ -141,7 +64,7 @@ def matching(err: ErrorEvent | None, build: str | None = None) -> list[Signature
 
 
 def matching_codes(err: ErrorEvent | None, build: str | None = None) -> list[str]:
-    """Rule codes with a signature matching the error, in catalog order."""
+    """Rule codes with a signature matching the error, in the order of :func:`all_signatures`."""
     return list(dict.fromkeys(s.code for s in matching(err, build)))
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..api import check_plan
 from ..errors import InputError
+from ..failure import failure_of
 from ..flashmla.calls import DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan
 from ..flashmla.plan import plan as make_plan
@@ -39,8 +40,8 @@ from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
 from .slots import probe_slot_index
 
 LEGAL_KEY = "(no error)"
-# Rule failure classes (the text before ":" in rules/catalog.json) under which a kernel that happens
-# to run is not a contradiction: the input is undefined behaviour, not a guaranteed crash.
+# The failure kind (a rule's ``Failure.kind``) under which a kernel that happens to run is not a
+# contradiction: the input is undefined behaviour, not a guaranteed crash.
 UNDEFINED_BEHAVIOUR = "undefined_behaviour"
 
 
@@ -188,25 +189,17 @@ class ModelView:
 
 
 def failure_class(failure: str) -> str:
-    """The class name at the start of a rule's ``failure`` text (``"process_exit: ..."`` -> ``process_exit``)."""
-    head = failure.split(":", 1)[0].strip()
-    return head.split()[0] if head else ""
+    """The kind of a finding's failure (``"process_exit: ..."`` -> ``process_exit``)."""
+    return failure_of(failure).kind
 
 
 FAILURE_WORDS = tuple(OUTCOMES) + (UNDEFINED_BEHAVIOUR,)
-HOST_ASSERTION = "host assertion"     # a host assertion ends the process with SIGSEGV/SIGABRT
 
 
 def failure_classes(failure: str) -> tuple:
-    """Every failure class a rule's ``failure`` text names, the leading one first
+    """Every failure kind of a finding's failure that a kernel run can show, its kind first
     (``"process_crash for h_q ...; python_exception for d_qk ..."`` -> both)."""
-    found = [failure_class(failure)] if failure_class(failure) in FAILURE_WORDS else []
-    for word in FAILURE_WORDS:
-        if word in failure and word not in found:
-            found.append(word)
-    if HOST_ASSERTION in failure and "process_crash" not in found:
-        found.append("process_crash")
-    return tuple(found)
+    return tuple(k for k in failure_of(failure).kinds if k in FAILURE_WORDS)
 
 
 def model_view(p: Plan) -> ModelView:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..batch import RequestColumns
+from ..failure import Failure
+from ..flashmla.plan import plan as flashmla_plan
 from ..formula import Formula, formula_field
 from ..forward import forward_rows
 from ..knowledge import load
@@ -27,7 +29,36 @@ def _holding(bp, where) -> list[tuple[str, int]]:
     return [h for h, m in zip(held, mask) if m]
 
 
-@rule("SGL001", scope="batch", reads="rows")
+def decode_rows_page() -> dict:
+    """The numbers SGL001's page quotes: SGLang's routing threshold (``rules/engines.json``) and the
+    decode kernel's real row limit (FlashMLA 9241ae3 on an H200)."""
+    versions = load("engines")["profiles"]["sglang-dsv4"]["versions"]
+    threshold = next(v["sparse_prefill_threshold"] for v in versions if v.get("sparse_prefill_threshold") is not None)
+    rows = flashmla_plan({"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
+                         kernel="flashmla-9241ae3").max_sched_rows
+    return {"threshold": threshold, "max_rows": rows, "gap_first": rows + 1}
+
+
+@rule("SGL001", scope="batch", reads="rows", added=17, page=decode_rows_page,
+      title="forward sends more query rows to the FlashMLA decode kernel than its scheduler can take",
+      failure=Failure("process_exit", "the scheduler's 'invalid argument' exit(1) kills the SGLang scheduler process",
+                      site="get_decoding_sched_meta.cu:111", message="invalid argument"),
+      source="SGLang DeepSeek-V4 backend (q is [T, 1, h_q, 512]: one row per token); sparse-prefill routing in "
+             "sgl-project/sglang PR #25418/#25502",
+      signatures=[
+          {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
+           "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
+           "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
+                     "on H200 (flashmla-facts.md section 4)"},
+          {"file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
+           "builds": ["flashmla-1408756"],
+           "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
+                     "(flashmla-facts.md section 6)"},
+          {"file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
+           "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
+           "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
+                     "from the binary)"},
+      ])
 def decode_kernel_rows(bp):
     """The engine sends more query rows to FlashMLA's decode kernel than its scheduler can take.
 
@@ -35,9 +66,9 @@ def decode_kernel_rows(bp):
     SGLang's DeepSeek-V4 backend passes ``q`` as ``[T, 1, h_q, 512]``: FlashMLA's ``b`` is the number
     of query rows ``T`` of the forward (extend: new tokens, plus merged decodes under mixed chunking;
     decode: batch size; target verify: batch size x draft tokens; draft extend: tokens). Versions
-    with sparse-prefill routing send extend forwards above 11673 rows to ``flash_mla_sparse_fwd``;
-    the real limit is 11622, so 11623..11673-row prefills still reach the decode kernel, and decode,
-    verify and draft-extend forwards are never routed.
+    with sparse-prefill routing send extend forwards above {{threshold}} rows to ``flash_mla_sparse_fwd``;
+    the real limit is {{max_rows}}, so {{gap_first}}..{{threshold}}-row prefills still reach the decode
+    kernel, and decode, verify and draft-extend forwards are never routed.
 
     ## Why it crashes
     The decode kernel's scheduler cannot get ``4*(5T+1)`` bytes of shared memory: ``CUDA error
@@ -89,7 +120,25 @@ def _fix_rows(batch, L: int) -> str:
         " minus merged decodes" if batch.mixed else "")
 
 
-@rule("SGL002", scope="batch", reads="rows")
+@rule("SGL002", scope="batch", reads="rows", added=18,
+      title="prefill routed to the sparse prefill kernel with an empty chunk",
+      failure=Failure("process_crash", "flash_mla_sparse_fwd with 0 rows segfaults",
+                      message="TMA Desc Addr|Failed to initialize the TMA descriptor"),
+      source="SGLang DeepSeek-V4 backend sparse-prefill route; FlashMLA measured s_q=0 crash",
+      signatures=[
+          {"message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
+           "builds": ["flashmla-9241ae3"],
+           "source": "measured on H200 with 9241ae3 (oracle flashmla_h200_sparse_prefill_probes.jsonl, s_q 0): a TMA "
+                     "descriptor dump, then SIGSEGV"},
+          {"file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
+           "builds": ["flashmla-9241ae3"],
+           "source": "FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh:614: the host assertion on the encoded "
+                     "TMA descriptor (read from source)"},
+          {"file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
+           "builds": ["sgl-flash-mla-1.0.0"],
+           "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl, 'legacy prefill "
+                     "s_q=0'): RuntimeError for the assertion at phase1.cuh:621"},
+      ])
 def empty_sparse_prefill(bp):
     """A forward routed to ``flash_mla_sparse_fwd`` must have at least one query row.
 
@@ -156,7 +205,14 @@ def precompute_safe_rows(p) -> int | None:
     return out
 
 
-@rule("SGL003", scope="batch", reads="schedule", safe_rows=precompute_safe_rows)
+@rule("SGL003", scope="batch", reads="schedule", safe_rows=precompute_safe_rows, added=19,
+      title="SGLang's schedule precompute passes its shared-memory guard but does not fit with the kernel's static "
+            "shared memory",
+      failure=Failure("cuda_error",
+                      "the JIT scheduling kernel's launch asks for more shared memory than a block has (inferred "
+                      "from the source, not measured): the forward fails"),
+      source="SGLang 0.5.23 srt/layers/attention/deepseek_v4_backend.py:215-273 (guard 4*(5b+1+8P) <= 48 KiB); "
+             "kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh (static shared arrays); sglang PRs #39646, #40429")
 def precompute_smem(bp):
     """SGLang's own schedule precompute fits its guard but not the shared memory it really needs.
 
@@ -211,7 +267,13 @@ def precompute_smem(bp):
     return out
 
 
-@rule("SGL004", scope="batch", reads="config")
+@rule("SGL004", scope="batch", reads="config", added=20,
+      title="DeepSeek-V4 KV layout that the GPU cannot run",
+      failure=Failure("python_exception",
+                      "the engine refuses the layout at startup (an assertion in select_dsv4_kv_layout); the current "
+                      "kernels raise RuntimeError on SM90"),
+      source="SGLang 0.5.23 srt/mem_cache/deepseek_v4_memory_pool.py:198-234 (V4.1 layouts need an SM100 / SM103 "
+             "GPU); sgl-flash-mla 1.0.0 use_legacy=False on SM90 (measured: RuntimeError)")
 def kv_layout_gpu(bp):
     """The DeepSeek-V4 KV layout must be one the GPU runs.
 
@@ -249,7 +311,21 @@ def kv_layout_gpu(bp):
         fix="set SGLANG_DSV4_KV_LAYOUT=v4 (or auto) on this GPU")]
 
 
-@rule("SLOT001", scope="batch", reads="slots")
+@rule("SLOT001", scope="batch", reads="slots", added=21,
+      title="req_pool_idx outside the request table",
+      failure=Failure("python_exception", also=("illegal_memory_access", "device_assert"),
+                      message="index \\d+ is out of bounds for dimension 0 with size \\d+",
+                      text="python_exception on CPU ('index N is out of bounds for dimension 0 with size M'); "
+                           "illegal memory access or device-side assert on GPU"),
+      source="SGLang ReqToTokenPool / DecodeReqToTokenPool (rows = size + pre_alloc_size + 1)",
+      signatures=[
+          {"message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
+           "source": "PyTorch's CPU index check (sglang-facts.md B)"},
+          {"file": "IndexKernel.cu", "message": "index out of bounds", "failure": "device_assert",
+           "source": "PyTorch's CUDA index kernel assertion (aten/src/ATen/native/cuda/IndexKernel.cu)"},
+          {"message": "device-side assert triggered", "failure": "device_assert",
+           "source": "the CUDA error PyTorch raises after a device-side assertion"},
+      ])
 def slot_in_table(bp):
     """``req_pool_idx`` must address a row of the request table (``1 .. T_rows-1``).
 
@@ -291,7 +367,23 @@ def slot_in_table(bp):
     return out
 
 
-@rule("SLOT002", scope="batch", reads="slots")
+@rule("SLOT002", scope="batch", reads="slots", added=22,
+      title="slot-indexed buffer has fewer rows than a live slot needs",
+      failure=Failure("python_exception", also=("illegal_memory_access",),
+                      message="index \\d+ is out of bounds for dimension 0 with size \\d+",
+                      text="python_exception on CPU ('index 96 is out of bounds for dimension 0 with size 33'); on "
+                           "GPU the unchecked Triton write corrupts memory and a later kernel reports an illegal "
+                           "memory access"),
+      source="SGLang DSATokenToKVPool compression tails sized max_running_requests + 1 (plain DSA builder) vs table "
+             "rows + 1 (hybrid builder and the fix)",
+      signatures=[
+          {"message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
+           "source": "PyTorch's CPU index check; sglang-facts.md B ('index 96 is out of bounds for dimension 0 with "
+                     "size 33')"},
+          {"message": "illegal memory access", "failure": "illegal_memory_access",
+           "source": "the unchecked Triton write corrupts memory and a later kernel reports an illegal memory access "
+                     "(sglang-facts.md B)"},
+      ])
 def slot_in_buffers(bp):
     """Every buffer indexed by ``req_pool_idx`` needs more rows than the largest live slot.
 
@@ -347,7 +439,15 @@ def slot_in_buffers(bp):
     return out
 
 
-@rule("SLOT003", scope="batch", reads="config")
+@rule("SLOT003", scope="batch", reads="config", added=23,
+      title="compression tail narrower than index_kpool + draft tokens",
+      failure=Failure("python_exception", "the backend asserts tail_k.shape[1] == index_kpool + tail_extra_slots",
+                      message="tail_k\\.shape\\[1\\]"),
+      source="SGLang DSA compression tails (tail_extra_slots = speculative draft tokens)",
+      signatures=[
+          {"message": "tail_k\\.shape\\[1\\]", "failure": "python_exception",
+           "source": "the DSA backend's assertion on the compression tail width (sglang-facts.md B)"},
+      ])
 def tail_width(bp):
     """DSA compression tails must be ``index_kpool + draft tokens`` wide.
 
@@ -381,7 +481,20 @@ def tail_width(bp):
     return out
 
 
-@rule("SLOT004", scope="batch", reads="slots")
+@rule("SLOT004", scope="batch", reads="slots", added=24,
+      title="per-DP-rank buffer indexed by a global slot",
+      failure=Failure("python_exception", also=("illegal_memory_access",),
+                      message="index \\d+ is out of bounds for dimension 0 with size \\d+",
+                      text="python_exception on CPU ('index 32 is out of bounds for dimension 0 with size 32'); "
+                           "illegal memory access on GPU"),
+      source="SGLang mamba slot mapping sized per DP rank while slots are global (--max-running-requests 64 "
+             "--dp-size 2)",
+      signatures=[
+          {"message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
+           "source": "PyTorch's CPU index check (sglang-facts.md B, mamba slot mapping)"},
+          {"message": "illegal memory access", "failure": "illegal_memory_access",
+           "source": "the same index on the GPU (sglang-facts.md B)"},
+      ])
 def per_dp_buffer_global_slot(bp):
     """A buffer sized per DP rank must not be indexed by a global slot.
 
@@ -436,7 +549,15 @@ def _real_rows(bp) -> int:
     return rows - bd.get("padding_rows", 0)
 
 
-@rule("CG001", scope="batch", reads="rows")
+@rule("CG001", scope="batch", reads="rows", added=28,
+      title="CUDA-graph replay: the forward has more rows than the captured graph",
+      failure=Failure("silent_wrong",
+                      "a graph runs the shapes it was captured with; rows past the captured batch are never computed "
+                      "(or the engine indexes its static buffers past their end: python_exception on CPU, illegal "
+                      "memory access on GPU)",
+                      also=("python_exception", "illegal_memory_access")),
+      source="CUDA graphs replay fixed launch shapes (CUDA C++ Programming Guide, CUDA Graphs); SGLang "
+             "CudaGraphRunner pads a batch up to a captured size and runs eager above the largest")
 def graph_rows(bp):
     """A replayed CUDA graph runs the rows it was captured with: the forward must not have more.
 
@@ -474,7 +595,20 @@ def graph_rows(bp):
         fix=f"run this forward eagerly or capture a graph of >= {real} rows; or split it into steps of <= {cap} rows")]
 
 
-@rule("CG002", scope="batch", reads="config")
+@rule("CG002", scope="batch", reads="config", added=29,
+      title="CUDA-graph replay: the decode metadata was built for fewer rows than the graph runs",
+      failure=Failure("illegal_memory_access", also=("silent_wrong",), site="combine.cu",
+                      message="illegal memory access",
+                      text="illegal_memory_access or silent_wrong: the captured kernels read num_splits and "
+                           "partition rows for every replayed row; entries past the rows the scheduler wrote are "
+                           "stale (the combine reads o_accum at stale split offsets)"),
+      source="FlashMLA 9241ae3 csrc/smxx/decode/combine/combine.cu:36-37 (num_splits read at the row and the row "
+             "after, for every row of the grid); 1408756 csrc/smxx/mla_combine.cu:24-25; the split-KV kernels read "
+             "tile_scheduler_metadata per partition (9241ae3 csrc/sm90/decode/dense/splitkv_mla.cuh:1020-1021)",
+      signatures=[
+          {"file": "combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access"},
+          {"file": "mla_combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access"},
+      ])
 def graph_metadata_rows(bp):
     """The FlashMLA metadata of a replayed graph must be computed for every row the graph runs.
 
