@@ -27,6 +27,9 @@ SMEM = 232448
 LEGACY = (SMEM // 4 - 1) // 5          # 4*(5b+1) <= 232448 -> 11622
 CURRENT = (SMEM // 4 - 1) // 4         # 4*(4b+1) <= 232448 -> 14527
 DENSE_FP8 = 4095                       # static scheduler arrays (measured: 4095 ok, 4096 exits)
+# SM90 sparse decode of vLLM 0.33's bundled copy: the current scheduler, 4*(4b+1), in front of the
+# legacy kernels (measured: fixtures/measured/vllm033_h200_probes.jsonl, 14527 ran, 14528 raised)
+SM90_SPARSE = CURRENT
 
 OUT = vllm_release.sched_output()
 needs_vllm = pytest.mark.skipif(OUT is None, reason=vllm_release.source(vllm_release.OUTPUT)[1])
@@ -55,7 +58,7 @@ def calls(report):
 # B200 runs the current kernels, which split the KV (and so schedule) only when topk + extra_topk
 # > 640: the ratio-128 call's extra width is ceil(context / 128) rounded up to 64, so a 131072-token
 # context (1024 + 128 > 640) schedules and 65536 (512 + 128) does not
-@pytest.mark.parametrize("gpu, limit, ctx", [("H200", LEGACY, 65536), ("B200", CURRENT, 131072),
+@pytest.mark.parametrize("gpu, limit, ctx", [("H200", SM90_SPARSE, 65536), ("B200", CURRENT, 131072),
                                              ("B200", None, 65536)])
 @pytest.mark.parametrize("k", [0, 3])
 def test_dsv4_decode_rows_are_requests_times_one_plus_drafts(gpu, limit, ctx, k):
@@ -122,7 +125,7 @@ def test_sparse_mode_at_32_heads(heads, tp, mode):
     assert r.context["routing"]["vllm_mode"] == mode
 
 
-@pytest.mark.parametrize("n, legal", [(LEGACY - 1, True), (LEGACY, True), (LEGACY + 1, False)])
+@pytest.mark.parametrize("n, legal", [(SM90_SPARSE - 1, True), (SM90_SPARSE, True), (SM90_SPARSE + 1, False)])
 def test_sparse_separate_decode_b_is_decode_requests(n, legal):
     r = check(doc("vllm-flashmla-sparse", FP8, "decode", decodes(n)))
     assert r.legal is legal and calls(r)[0]["call"]["b"] == n and calls(r)[0]["call"]["s_q"] == 1
@@ -208,7 +211,7 @@ def scheduler_output(cached_reqs: dict, new_reqs: dict | None = None, drafts: in
 ])
 def test_real_spec_step_is_judged_as_the_backend_runs_it(engine, sa, per):
     guard = Checker(engine, "H200", sa)
-    edge = LEGACY // per
+    edge = (SM90_SPARSE if engine == "vllm-dsv4" else LEGACY) // per
     for n, legal in ((edge - 1, True), (edge, True), (edge + 1, False)):
         so = scheduler_output({f"r{i}": 500 for i in range(n)}, drafts=3)
         v = guard.verdict(so)
@@ -320,7 +323,7 @@ class _Null:
 @needs_vllm
 def test_readme_hook_refuses_the_step_before_execute_model():
     code = snippets()
-    big = scheduler_output({f"r{i}": 500 for i in range(LEGACY // 4 + 1)}, drafts=3)
+    big = scheduler_output({f"r{i}": 500 for i in range(SM90_SPARSE // 4 + 1)}, drafts=3)
     ok = scheduler_output({f"r{i}": 500 for i in range(10)}, drafts=3)
     core = StandInCore([ok, big])
     log = logging.getLogger("engine-under-test")
@@ -333,7 +336,7 @@ def test_readme_hook_refuses_the_step_before_execute_model():
         core.step()
     assert core.executed == [ok] and "FMLA001" in ei.value.report.codes   # never reached execute_model
     exec(code["vllm-prevent"], scope)
-    assert scope["max_num_seqs"] == LEGACY // 4
+    assert scope["max_num_seqs"] == SM90_SPARSE // 4
 
 
 @needs_vllm
@@ -407,8 +410,8 @@ def test_mixed_batch_split_and_prevention_are_in_tokens():
 
 def test_dsv4_prevention_counts_draft_tokens():
     sa = {"num_speculative_tokens": 3, "speculative_num_draft_tokens": 4}
-    r = check(doc("vllm-dsv4", sa, "target_verify", decodes(LEGACY // 4 + 1)), split=True)
-    assert [(s["flag"], s["value"]) for s in r.safe_split.to_dict()["settings"]] == [("--max-num-seqs", LEGACY // 4)]
+    r = check(doc("vllm-dsv4", sa, "target_verify", decodes(SM90_SPARSE // 4 + 1)), split=True)
+    assert [(s["flag"], s["value"]) for s in r.safe_split.to_dict()["settings"]] == [("--max-num-seqs", SM90_SPARSE // 4)]
 
 
 @pytest.mark.parametrize("engine, dtype", [("vllm-flashmla-sparse", "fp8_e5m2"),   # flashmla_sparse.py:149-155

@@ -12,11 +12,13 @@ is unavailable or inconclusive, else 0. ``env``: 0 kernel mode can run, 3 it can
 from __future__ import annotations
 
 import json
+import os
 from typing import Optional
 
 import typer
 
 from .errors import InputError
+from .knowledge import build as build_facts
 from .output import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, Output  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
 from .session import check_documents
 
@@ -66,6 +68,28 @@ PYTHON_HELP = "Python interpreter for the child processes (one with torch and Fl
 BACKEND_HELP = "Child backend module or .py file (default: the torch backend); for testing the plumbing."
 
 
+KERNEL_GEN_PROVIDER_HELP = ("The build to run: a vllm-* build (vllm-0.33) runs vLLM's bundled FlashMLA "
+                            "(see --vllm-flashmla); other builds run the --provider given.")
+VLLM_FLASHMLA_HELP = ("Folder holding vLLM's bundled FlashMLA (vllm/_flashmla_C*.so, vllm/_flashmla_extension_C*.so, "
+                      "vllm/third_party/flashmla/flash_mla_interface.py) extracted from the wheel; default: "
+                      "$VALIDATE_BATCH_VLLM_FLASHMLA, else the installed vllm.")
+
+
+def kernel_provider(provider: str, kernel_gen: Optional[str], vllm_flashmla: Optional[str]) -> str:
+    """The provider a kernel-mode command runs: ``--kernel-gen vllm-*`` picks vLLM's bundled copy;
+    ``--vllm-flashmla DIR`` is passed to the children through the environment."""
+    from .kernel.providers import provider_for_build
+    from .kernel.vllm_bundle import ENV_VAR
+
+    if kernel_gen is not None:
+        build_facts(kernel_gen)      # an unknown build is an InputError naming --kernel-gen's value
+    if vllm_flashmla is not None:
+        if not os.path.isdir(vllm_flashmla):
+            raise InputError("--vllm-flashmla", f"{vllm_flashmla} is not a folder")
+        os.environ[ENV_VAR] = os.path.abspath(vllm_flashmla)
+    return provider_for_build(kernel_gen, provider)
+
+
 def _child(python: Optional[str], backend: Optional[str]):
     from .kernel.runner import ChildSpec
 
@@ -84,6 +108,8 @@ def kernel_check_cmd(
     backend: Optional[str] = typer.Option(None, "--backend", help=BACKEND_HELP, hidden=True),
     limit: Optional[int] = typer.Option(None, "--limit", help="Run only the first N calls."),
     sample: Optional[int] = typer.Option(None, "--sample", help="Run N calls spread evenly over the file (first and last included)."),
+    kernel_gen: Optional[str] = typer.Option(None, "--kernel-gen", help=KERNEL_GEN_PROVIDER_HELP),
+    vllm_flashmla: Optional[str] = typer.Option(None, "--vllm-flashmla", help=VLLM_FLASHMLA_HELP),
 ):
     """Run each call on the real FlashMLA kernels (one child process each) and diff with the model.
 
@@ -115,6 +141,7 @@ def kernel_check_cmd(
             raise InputError("--jobs", f"expected >= 1, got {jobs}")
         if timeout <= 0:
             raise InputError("--timeout", f"expected > 0 seconds, got {timeout}")
+        provider = kernel_provider(provider, kernel_gen, vllm_flashmla)
     except InputError as e:
         output.error(e)
     result = kernel_check_report(report, output.err_console, provider=provider, timeout=timeout, max_parallel=jobs,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .deepgemm import rules as _deepgemm_rules  # noqa: F401  (registration)
 from .flashinfer import rules as _flashinfer_rules  # noqa: F401  (registration)
+from .flashmla import partition_rules as _flashmla_partition_rules  # noqa: F401  (registration)
 from .flashmla import rules as _flashmla_rules  # noqa: F401  (registration)
 from .profiles import rules as _engine_rules  # noqa: F401  (registration)
 from .registry import (

@@ -21,8 +21,8 @@ from .builds import (
 from .providers import PROVIDER_NAMES, Provider, detect, find_providers, known_generation, torch_installed
 from .runner import ChildSpec, run_job
 
-VLLM_NOTE = ("found by its file (vLLM's metadata does not list the bundled copy); kernel mode does not drive it, "
-             "the build name is for the model")
+VLLM_NOTE = ("found by its file (vLLM's metadata does not list the bundled copy); kernel mode runs it with "
+             "--kernel-gen vllm-0.33 (or --provider vllm)")
 
 
 def default_generation() -> str:

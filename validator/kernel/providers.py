@@ -29,18 +29,26 @@ from __future__ import annotations
 import ast
 import importlib.util
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterable, Sequence
 
 from ..errors import InputError
 from ..knowledge import decode_archs, sm_list
 from ..knowledge import generation as generation_facts
+from . import vllm_bundle
 from .builds import API_GENERATION, INSTALL_HINTS, Dist, build_name, distribution_of, package_dir
 from .runner import ChildSpec, run_job
 
 PROVIDER_NAMES = ("flash_mla", "sgl_kernel")
-PROVIDER_MODULES = {"flash_mla": "flash_mla", "sgl_kernel": "sgl_kernel.flash_mla"}
+# Providers kernel mode drives only when asked (``--provider vllm``, or ``--kernel-gen vllm-*``).
+EXPLICIT_PROVIDERS = (vllm_bundle.PROVIDER,)
+PROVIDER_MODULES = {"flash_mla": "flash_mla", "sgl_kernel": "sgl_kernel.flash_mla",
+                    vllm_bundle.PROVIDER: vllm_bundle.INTERFACE_MODULE}
 # Source files (relative to the package folder) that may define get_mla_metadata.
-PROVIDER_SOURCES = {"flash_mla": ("flash_mla_interface.py", "__init__.py"), "sgl_kernel": ("flash_mla.py",)}
+PROVIDER_SOURCES = {"flash_mla": ("flash_mla_interface.py", "__init__.py"), "sgl_kernel": ("flash_mla.py",),
+                    vllm_bundle.PROVIDER: (vllm_bundle.INTERFACE_FILE,)}
+# Build-name prefixes (``--kernel-gen``) that only one provider runs.
+BUILD_PROVIDERS = {"vllm-": vllm_bundle.PROVIDER}
 # Keyword arguments of flash_mla_with_kvcache that a call may need, by feature.
 FEATURE_PARAMS = {
     "indices": "indices",
@@ -223,10 +231,35 @@ class Provider:
                 "reason": self.reason}
 
 
+def provider_for_build(build: str | None, provider: str = "auto") -> str:
+    """The provider that runs ``build`` (``--kernel-gen``): ``vllm`` for a ``vllm-*`` build, else
+    ``provider`` as given (``auto`` picks among the installed ones)."""
+    if provider == "auto" and build:
+        for prefix, name in BUILD_PROVIDERS.items():
+            if build.startswith(prefix):
+                return name
+    return provider
+
+
+def _bundle_provider() -> Provider | None:
+    """vLLM's bundled FlashMLA, read from its interface file (nothing imported), or None."""
+    bundle, _why = vllm_bundle.locate()
+    if bundle is None:
+        return None
+    text = Path(bundle.interface).read_text(encoding="utf-8", errors="replace")
+    shape = api_from_source([text])
+    return Provider(vllm_bundle.PROVIDER, vllm_bundle.INTERFACE_MODULE, shape.api, bundle.interface, shape.features,
+                    shape.reason, "vllm" if bundle.version else "", bundle.version)
+
+
 def find_providers(names: Sequence[str] = PROVIDER_NAMES) -> list[Provider]:
     """Installed providers, in preference order, with their API read from source (nothing imported)."""
     found = []
     for name in names:
+        if name == vllm_bundle.PROVIDER:
+            bp = _bundle_provider()
+            found.extend([bp] if bp else [])
+            continue
         pkg = package_dir(name)
         if pkg is None:
             continue
@@ -277,11 +310,15 @@ def detect(provider: str = "auto", child: ChildSpec | None = None, timeout: floa
     ``provider``: ``auto`` (first that works), ``flash_mla`` or ``sgl_kernel``. A custom child
     backend (tests) skips the static checks, which only concern the torch backend.
     """
-    if provider not in ("auto", *PROVIDER_NAMES):
-        return Detection(False, f"unknown provider {provider!r}; expected auto, flash_mla or sgl_kernel")
+    if provider not in ("auto", *PROVIDER_NAMES, *EXPLICIT_PROVIDERS):
+        return Detection(False, f"unknown provider {provider!r}; expected auto, flash_mla, sgl_kernel or vllm")
     child = child or ChildSpec()
     wanted = PROVIDER_NAMES if provider == "auto" else (provider,)
     static = ()
+    if provider == vllm_bundle.PROVIDER and child.backend is None:
+        bundle, why = vllm_bundle.locate()
+        if bundle is None:
+            return Detection(False, why)
     if child.backend is None and child.python == ChildSpec().python:
         if not torch_installed():
             return Detection(False, "torch is not installed in this Python: kernel mode runs FlashMLA through "

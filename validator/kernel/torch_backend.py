@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import sys
 import time
 
 from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
@@ -30,6 +31,8 @@ from ..reproduce import BROKEN_PREFIX, one_line, torch_broken
 from .builds import LEGACY_PARAM, distribution_of
 from .outcome import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
+from .vllm_bundle import EXTENSION_OPS, add_to_path
+from .vllm_bundle import PROVIDER as VLLM_PROVIDER
 
 # fp8 KV cache bytes per token by d_qk (rules/flashmla.json kv_layouts; the first one listed is
 # used for a d_qk that has no layout)
@@ -81,6 +84,8 @@ def _params(fn):
 
 def inspect_provider(name: str, module_name: str) -> dict:
     """Import a provider module and classify its API from the live functions."""
+    if name == VLLM_PROVIDER:
+        add_to_path(sys.path)
     try:
         mod = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
@@ -252,6 +257,8 @@ def _kernel_job(job, stage, kind: type, what: str):
 def op_decode(job, stage, partial) -> dict:
     torch, dev, mod, info, call = _kernel_job(job, stage, DecodeCall, "decode job needs a sparse or dense call record")
     api = info["api"]
+    if call.kind == "dense_fp8" and info["name"] == VLLM_PROVIDER:
+        return _dense_fp8_extension(torch, dev, call, stage, partial)
     if call.entry == "get_mla_decoding_metadata":
         return _hoisted(torch, dev, mod, info, call, job, stage, partial)
     if call.entry != "flash_mla_with_kvcache":
@@ -331,6 +338,35 @@ def _hoisted(torch, dev, mod, info, call, job, stage, partial) -> dict:
     out = _readback(torch, md, ns)
     out.update(used, call_s=round(time.perf_counter() - started, 6), api="get_mla_decoding_metadata",
                provider=info["module"])
+    out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
+    return out
+
+
+def _dense_fp8_extension(torch, dev, call, stage, partial) -> dict:
+    """vLLM's dense fp8 extension: ``get_mla_decoding_metadata_dense_fp8(cache_seqlens, s_q*h_q/h_k,
+    h_k)``, then (entry ``fwd_kvcache_mla_fp8``) the attention call on an fp8 q and KV cache with unit
+    descales, as vLLM's FlashMLA backend makes it."""
+    importlib.import_module(f"vllm.{EXTENSION_OPS}")
+    ops = getattr(torch.ops, EXTENSION_OPS)
+    stage("inputs")
+    ins = build_dense_inputs(torch, call, dev)
+    _sync(torch, dev)
+    stage("metadata")
+    started = time.perf_counter()
+    md, ns = ops.get_mla_decoding_metadata_dense_fp8(ins["cache_seqlens"], call.s_q * call.h_q // call.h_k, call.h_k)
+    _sync(torch, dev)
+    out = _readback(torch, md, ns)
+    if call.entry == "fwd_kvcache_mla_fp8":
+        partial(out)
+        fp8 = torch.float8_e4m3fn
+        one = torch.ones(1, dtype=torch.float32, device=dev)
+        stage("call")
+        ops.fwd_kvcache_mla_fp8(ins["q"].to(fp8), ins["k_cache"].to(fp8), call.d_v, ins["cache_seqlens"],
+                                ins["block_table"], call.d_qk ** -0.5, call.causal, md, ns, one, one)
+        stage("sync")
+        _sync(torch, dev)
+    out.update(call_s=round(time.perf_counter() - started, 6), api=f"{EXTENSION_OPS}.{call.entry}",
+               provider=f"vllm.{EXTENSION_OPS}")
     out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
     return out
 

@@ -1,0 +1,245 @@
+"""vLLM 0.33's bundled FlashMLA and sgl-flash-mla 1.0.0's dense fp8 scheduler, measured on an H200.
+
+Ground truth: ``fixtures/measured/vllm033_h200_*.jsonl`` and ``sglfm_h200_densefp8_sched_cases.jsonl``,
+recorded with ``bench/record_kernels.py`` (one H200, torch 2.11, the wheel's own ``.so`` files). Each
+record holds the inputs and what the kernel wrote (``tile_scheduler_metadata``, ``num_splits``) or
+how it failed. Every record is compared with the model: metadata bit for bit (the generation's
+columns), and the verdict (the kernel ran = legal; failed = illegal, in the class the model
+predicts). The limits are derived here from first principles (the scheduler's shared-memory
+formula against the H200's 232448 B, the static arrays, the partition formula) and checked at
+limit-1 / limit / limit+1 against the probes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from validator.api import check_calls
+from validator.flashmla.plan import plan
+from validator.kernel.check import diff_metadata, judge, model_view
+from validator.kernel.outcome import RunResult
+from validator.knowledge import load
+
+MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
+VLLM, SGLFM = "vllm-0.33", "sgl-flash-mla-1.0.0"
+SMEM, NUM_SMS = 232448, 132
+INPUT_FIELDS = ("kind", "b", "s_q", "h_q", "d_qk", "topk", "topk_length", "extra_topk", "extra_topk_length",
+                "page", "extra_page", "seqlens", "entry", "causal", "bytes_per_token")
+CASE_FILES = {   # file: (build, entry it exercises, least calls)
+    "vllm033_h200_sparse_cases.jsonl": (VLLM, "flash_mla_with_kvcache", 200),
+    "vllm033_h200_dense_cases.jsonl": (VLLM, "flash_mla_with_kvcache", 200),
+    "vllm033_h200_densefp8_cases.jsonl": (VLLM, "fwd_kvcache_mla_fp8", 200),
+    "vllm033_h200_densefp8_sched_cases.jsonl": (VLLM, "get_mla_decoding_metadata", 60),
+    "sglfm_h200_densefp8_sched_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 60),
+}
+# FMLA020 (a length-0 row of the dense fp8 kernel reads the page named by the block-table entry before
+# its own): with valid pages there, as the recording builds them, the read stays in bounds and the call
+# runs; with the -1 entries of CUDA-graph padding memcheck reports the out-of-bounds read
+# (vllm033_h200_densefp8_padding_memcheck.json). The model flags both: it cannot see the block table.
+READS_NEIGHBOUR_PAGE = "FMLA020"
+
+
+def read(name: str) -> tuple[dict, list[dict]]:
+    lines = [json.loads(line) for line in (MEASURED / name).read_text().splitlines() if line.strip()]
+    return lines[0], lines[1:]
+
+
+def inputs(rec: dict) -> dict:
+    """The call record of a measured line (``"<N values>"`` lists expanded from ``<field>_value``)."""
+    out = {k: rec[k] for k in INPUT_FIELDS if k in rec}
+    for k, v in list(out.items()):
+        if isinstance(v, str) and v.startswith("<"):
+            out[k] = [rec[f"{k}_value"]] * rec["b"]
+    return out
+
+
+def kernel_run(rec: dict) -> RunResult:
+    return RunResult(rec["outcome"], rec.get("message") or "", exit_code=rec.get("exit_code"))
+
+
+# ----------------------------------------------------------------------------- the recordings
+
+@pytest.mark.parametrize("name", sorted(CASE_FILES))
+def test_recording_names_device_package_and_date(name):
+    head, rows = read(name)
+    build, entry, least = CASE_FILES[name]
+    assert (head["device"], head["num_sms"], head["cc"], head["smem_optin"]) == ("NVIDIA H200", NUM_SMS, [9, 0], SMEM)
+    assert head["date"] == "2026-12-01" and head["torch"].startswith("2.11") and head["build"] == build
+    versions = {p["name"]: p["version"] for p in head["providers"]}
+    assert versions["vllm"] == "0.33.0"
+    if build == SGLFM:
+        assert versions["flash_mla"] == "1.0.0"
+    assert len(rows) >= least
+    assert {r.get("entry", "flash_mla_with_kvcache") for r in rows} == {entry}
+
+
+def test_recordings_cover_the_shapes_asked_for():
+    _, sparse = read("vllm033_h200_sparse_cases.jsonl")
+    assert {r["page"] for r in sparse} == {64, 256} and {r["d_qk"] for r in sparse} == {512, 576}
+    assert any("topk_length" in r for r in sparse) and any("extra_topk_length" in r for r in sparse)
+    assert max(r["b"] for r in sparse) > 1000 and min(r["b"] for r in sparse) <= 4      # wide and narrow
+    for name in ("vllm033_h200_dense_cases.jsonl", "vllm033_h200_densefp8_cases.jsonl"):
+        _, rows = read(name)
+        assert any(0 in r["seqlens"] for r in rows) and any(set(r["seqlens"]) == {0} for r in rows)
+        assert {r["h_q"] for r in rows} == {16, 32, 64, 128} and max(r["b"] for r in rows) > 1000
+
+
+@pytest.mark.parametrize("name", sorted(CASE_FILES))
+def test_every_recorded_call_matches_the_model(name):
+    build = CASE_FILES[name][0]
+    _, rows = read(name)
+    compared = 0
+    for rec in rows:
+        p = plan(inputs(rec), "H200", build)
+        mv = model_view(p)
+        verdict, why = judge(mv, kernel_run(rec))
+        if verdict != "agree":
+            assert mv.codes == (READS_NEIGHBOUR_PAGE,) and rec["outcome"] == "ok", (rec.get("i"), mv.codes, why)
+            assert 0 in rec["seqlens"]
+        if rec.get("tile_scheduler_metadata") is None:
+            continue
+        cols = len(p.gen.get("row_layout") or range(7))
+        md = p.metadata_in_layout()
+        assert md is not None, rec.get("i")
+        d = diff_metadata(md, p.schedule.num_splits, rec["tile_scheduler_metadata"], rec["num_splits"], cols)
+        assert d.identical, (rec.get("i"), d.describe())
+        compared += 1
+    assert compared >= min(CASE_FILES[name][2], 26)
+
+
+def test_sparse_sm90_idle_partitions_begin_at_block_zero():
+    # what set the sparse metadata apart from the legacy model: partitions after all work (begin_req == b)
+    _, rows = read("vllm033_h200_sparse_cases.jsonl")
+    idle = [m for r in rows for m in r["tile_scheduler_metadata"] if m[0] == r["b"]]
+    assert len(idle) > 100 and {m[2] for m in idle} == {0}
+    assert plan(inputs(rows[0]), "H200", VLLM).gen["name"] == "vllm-0.33-sparse-sm90"
+
+
+def test_every_kv_split_on_sm90_even_below_the_current_kernels_gate():
+    # topk 128 without an extra cache (128 <= 640) still splits and schedules on SM90
+    _, probes = read("vllm033_h200_probes.jsonl")
+    small = [r for r in probes if r["tag"] == "sparse_sched_rows topk=128 extra=None" and r["outcome"] == "ok"]
+    assert small and all(int(r["message"].split()[2]) > r["b"] for r in small)     # num_splits[b] > b
+
+
+# ----------------------------------------------------------------------------- probes at the limits
+
+def _probes(tag_prefix: str, provider: str = "vllm", **where) -> list[dict]:
+    _, probes = read("vllm033_h200_probes.jsonl")
+    return [r for r in probes if r["tag"].startswith(tag_prefix) and r["provider"] == provider
+            and all(r.get(k) == v for k, v in where.items())]
+
+
+def _outcomes_at(rows: list[dict], key: str) -> dict:
+    return {r[key]: r["outcome"] for r in rows}
+
+
+@pytest.mark.parametrize("tag", ["sparse_sched_rows topk=128 extra=None", "sparse_sched_rows topk=1024 extra=None",
+                                 "sparse_sched_rows topk=128 extra=640"])
+def test_sparse_row_limit_is_the_current_schedulers(tag):
+    limit = (SMEM - 4) // 16                  # 4*(4b+1) <= 232448 -> 14527
+    legacy = (SMEM - 4) // 20                 # 4*(5b+1): 11622, no longer a limit here
+    got = _outcomes_at(_probes(tag), "b")
+    assert got == {legacy: "ok", legacy + 1: "ok", limit: "ok", limit + 1: "python_exception",
+                   limit + 2: "python_exception"}
+    for b, outcome in got.items():
+        rep = check_calls([inputs(next(r for r in _probes(tag) if r["b"] == b))], "H200", VLLM)
+        assert rep.legal is (outcome == "ok"), b
+        assert ("FMLA001" in rep.codes) is (b > limit)
+
+
+def test_sparse_row_limit_failure_is_recoverable_and_named():
+    r = next(r for r in _probes("sparse_sched_rows topk=128 extra=None") if r["b"] == (SMEM - 4) // 16 + 1)
+    assert r["exit_code"] == 0 and "get_decoding_sched_meta.cu:143" in r["message"]
+    p = plan(inputs(r), "H200", VLLM)
+    mv = model_view(p)
+    assert mv.codes == ("FMLA001",) and mv.expected_failure == "python_exception"
+
+
+def test_dense_row_limit_is_the_legacy_schedulers():
+    limit = (SMEM - 4) // 20
+    rows = _probes("dense_sched_rows")
+    assert _outcomes_at(rows, "b") == {limit - 1: "ok", limit: "ok", limit + 1: "process_exit", limit + 2: "process_exit"}
+    for r in rows:
+        verdict, why = judge(model_view(plan(inputs(r), "H200", VLLM)), kernel_run(r))
+        assert verdict == "agree", (r["b"], why)
+    assert all("legacy/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:111" in r["message"]
+               for r in rows if r["outcome"] != "ok")
+
+
+def test_dense_fp8_batch_limit():
+    rows = _probes("dense_fp8_max_batch")
+    assert _outcomes_at(rows, "b") == {4094: "ok", 4095: "ok", 4096: "process_exit", 4097: "process_exit"}
+    for r in rows:
+        verdict, why = judge(model_view(plan(inputs(r), "H200", VLLM)), kernel_run(r))
+        assert verdict == "agree", (r["b"], why)
+
+
+@pytest.mark.parametrize("h_q", [16, 64, 128])
+def test_dense_fp8_partitions_sgl_fails_where_vllm_clamps(h_q):
+    limit = NUM_SMS * 64 // h_q               # s_q*h_q/64 <= num_sms keeps one partition
+    sgl = _probes("dense_fp8_parts", "sgl", h_q=h_q)
+    assert _outcomes_at(sgl, "s_q") == {limit - 1: "ok", limit: "ok", limit + 1: "device_assert",
+                                        limit + 2: "device_assert"}
+    for entry in ("get_mla_decoding_metadata", "fwd_kvcache_mla_fp8"):
+        vllm = _probes("dense_fp8_parts", "vllm", h_q=h_q, entry=entry)
+        assert set(_outcomes_at(vllm, "s_q").values()) == {"ok"} and len(vllm) == 4
+        assert all(len(r["tile_scheduler_metadata"]) == 1 for r in vllm)
+    for r in sgl + _probes("dense_fp8_parts", "vllm", h_q=h_q):
+        build = SGLFM if r["provider"] == "sgl" else VLLM
+        rec = dict(inputs(r), use_legacy=True) if build == SGLFM else inputs(r)
+        mv = model_view(plan(rec, "H200", build))
+        verdict, why = judge(mv, kernel_run(r))
+        assert verdict == "agree", (build, r["s_q"], why)
+        assert ("FMLA021" in mv.codes) is (build == SGLFM and r["s_q"] > limit)
+
+
+def test_sparse_shape_probes():
+    for r in _probes("sparse_kv_layout") + _probes("sparse_topk_block") + _probes("sparse_h_q"):
+        verdict, why = judge(model_view(plan(inputs(r), "H200", VLLM)), kernel_run(r))
+        assert verdict == "agree", (r["tag"], why)
+    assert {r["bytes_per_token"]: r["outcome"] for r in _probes("sparse_kv_layout")} == {
+        584: "ok", 656: "ok", 528: "python_exception"}
+
+
+# ----------------------------------------------------------------------------- padding rows (FMLA020)
+
+def test_padding_rows_read_out_of_bounds_only_through_minus_one_entries():
+    d = json.loads((MEASURED / "vllm033_h200_densefp8_padding_memcheck.json").read_text())
+    assert d["device"] == "NVIDIA H200" and d["date"] == "2026-12-01" and "0.33.0" in d["package"]
+    by = {c["name"]: c for c in d["cases"]}
+    assert by["pad_last"]["memcheck_errors"] > 0 and by["pad_last"]["kernel"] == "the dense fp8 split-KV attention kernel"
+    assert by["pad_last_valid"]["memcheck_errors"] == 0 and by["len1_valid"]["memcheck_errors"] == 0
+    for name in ("pad_last", "pad_last_valid"):
+        rec = {"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
+               "seqlens": by[name]["seqlens"], "causal": True}
+        assert model_view(plan(rec, "H200", VLLM)).codes == (READS_NEIGHBOUR_PAGE,)
+    _, runs = read("vllm033_h200_densefp8_padding_probes.jsonl")
+    assert len(runs) == 8 and {r["outcome"] for r in runs} == {"ok"}      # no trap without the checker
+
+
+# ----------------------------------------------------------------------------- the facts' provenance
+
+def _provenances(node, path=()):
+    if isinstance(node, dict):
+        if "provenance" in node:
+            yield path, node["provenance"]
+        for k, v in node.items():
+            yield from _provenances(v, path + (k,))
+
+
+def test_measured_facts_name_device_package_date_and_fixture():
+    data = load("flashmla")
+    found = list(_provenances({"generations": data["generations"], "builds": data["builds"]}))
+    paths = {p[:2] for p, _ in found}
+    assert ("generations", "vllm-0.33-sparse-sm90") in paths and ("builds", "vllm-0.33") in paths
+    assert ("builds", SGLFM) in paths and ("generations", "vllm-0.33-legacy") in paths
+    root = MEASURED.parents[1]
+    for path, prov in found:
+        assert prov["kind"] in ("measured", "read"), path
+        if prov["kind"] == "measured":
+            assert prov["device"].startswith("NVIDIA H200") and prov["date"] == "2026-12-01", path
+            assert ("0.33.0" in prov["package"]) or ("1.0.0" in prov["package"]), path
+            assert (root / prov["fixture"]).is_file(), path
