@@ -28,7 +28,7 @@ from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..knowledge import generation
 from ..reproduce import BROKEN_PREFIX, one_line, torch_broken
 from .builds import LEGACY_PARAM, distribution_of
-from .outcome import Unavailable, Unsupported
+from .protocol import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
 
 # fp8 KV cache bytes per token by d_qk (rules/flashmla.json kv_layouts; the first one listed is
