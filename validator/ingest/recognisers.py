@@ -129,7 +129,7 @@ class Recogniser:
     name: str
     library: str | None
     kind: str
-    pattern: re.Pattern
+    pattern: re.Pattern | FirstStarts
     markers: tuple[str, ...]
     fields: Callable[[re.Match, str], dict | None] = lambda m, line: {}
     failure: str | None = None
@@ -176,6 +176,33 @@ class Recogniser:
             nums["library"] = lib
         kind = self.kind_of(m, line) if self.kind_of is not None else self.kind
         return Recognised(kind, nums, self, line)
+
+
+@dataclass(frozen=True, eq=False)
+class FirstStarts:
+    """A pattern tried only at the first place each of its alternatives can start (``starts``, one
+    pattern per alternative). Right for alternatives that match at their first start or nowhere (a
+    literal; a literal then anything up to a closing text), and linear where searching the alternation at
+    every position is quadratic (a line of many starts and no closing text)."""
+
+    pattern: re.Pattern
+    starts: tuple[re.Pattern, ...]
+
+    @property
+    def flags(self) -> int:
+        return self.pattern.flags
+
+    @property
+    def groupindex(self):
+        return self.pattern.groupindex
+
+    def search(self, text: str) -> re.Match | None:
+        firsts = sorted({m.start() for rx in self.starts for m in [rx.search(text)] if m is not None})
+        for pos in firsts:
+            m = self.pattern.match(text, pos)
+            if m is not None:
+                return m
+        return None
 
 
 class Recognised(NamedTuple):
@@ -392,7 +419,10 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         failure="process_crash", source="the shell's and Python's lines for a process killed by a signal"),
     Recogniser(
         "host_assert", None, "host_assert",
-        re.compile(r"Assertion [`'\"](?P<cond>.+?)[`'\"] failed|assert(?:ion)? failed|TORCH_CHECK|Expected .* to be true"),
+        FirstStarts(re.compile(r"Assertion [`'\"](?P<cond>.+?)[`'\"] failed|assert(?:ion)? failed|TORCH_CHECK|"
+                               r"Expected .* to be true"),
+                    (re.compile(r"Assertion [`'\"]"), re.compile(r"assert(?:ion)? failed"), re.compile("TORCH_CHECK"),
+                     re.compile("Expected "))),
         # torch's "Expected ... to be true" check text is read on a line that names an error
         ("ssert", "TORCH_CHECK", "rror"), lambda m, line: {"condition": m.group("cond")},
         failure="process_crash", unless=("device-side",),
@@ -405,7 +435,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         source="a Python exception's last traceback line 'NAME: MESSAGE'"),
     Recogniser(
         "engine_scheduler_exception", None, "scheduler_exception",
-        re.compile(r"(?:Scheduler|TpModelWorker|DataParallelController|EngineCore|Worker)\S* "
+        re.compile(r"(?:Scheduler|TpModelWorker|DataParallelController|EngineCore|Worker)\S{0,200} "
                    r"(?:hit an exception|encountered a fatal error|failed)", re.I),
         ("hit an exception", "encountered a fatal error", "failed"),
         source="SGLang's and vLLM's lines for a scheduler or worker that raised"),
