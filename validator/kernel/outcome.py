@@ -285,11 +285,6 @@ def assertion_of(errors: Iterable[Recognised]) -> str | None:
     return found
 
 
-def find_assertion(text: str) -> str | None:
-    """The last host- or device-side assertion line (``Assertion `cond' failed ...``) in ``text``, if any."""
-    return assertion_of(read_errors(text))
-
-
 def _plain_lines(text: str) -> list[str]:
     return [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.startswith(MARKER)]
 
