@@ -21,7 +21,7 @@ import validator.ingest.recognisers as rec
 from validator.errors import InputError
 from validator.ingest.recognisers import RECOGNISERS, Recogniser, check_table, classify, classify_block, prefilter
 from validator.ingest.scan import scan_lines
-from validator.kernel.outcome import RESULT_PREFIX, STAGE_PREFIX
+from validator.kernel.outcome import CUDA_ERROR_FORMAT, RESULT_PREFIX, STAGE_PREFIX
 from validator.kernel.outcome import classify as classify_run
 from validator.limits import parse_int
 
@@ -63,6 +63,7 @@ def test_every_row_has_a_fixture_line_and_the_table_is_well_formed():
     check_table()
     assert {r.name for r in RECOGNISERS} == {fx["recogniser"] for fx in FIXTURES}
     assert all(fx["source"] for fx in FIXTURES)
+    assert CUDA_ERROR_FORMAT in {r.name for r in RECOGNISERS}      # the row kernel mode takes its site from
 
 
 @pytest.mark.parametrize("fx", FIXTURES, ids=[f"{i}-{fx['recogniser']}" for i, fx in enumerate(FIXTURES)])
@@ -101,6 +102,9 @@ def test_check_table_names_the_row():
         check_table(RECOGNISERS + (bad,))
     with pytest.raises(ValueError, match="used twice"):
         check_table(RECOGNISERS + (RECOGNISERS[0],))
+    dump = next(r for r in RECOGNISERS if r.block is not None)
+    with pytest.raises(ValueError, match="block.closer"):
+        check_table((dump,))
 
 
 # ------------------------------------------------------------------ an error that spans lines

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .recognisers import KINDS, site_patterns
-from .recognisers import classify as classify_error
+from .recognisers import classify as classify_error   # the table's one classifier, as bisect's readers name it
 
 __all__ = ["ErrorEvent", "KINDS", "classify_error", "site_patterns"]
 

@@ -547,9 +547,12 @@ def assertion_text(got: Recognised) -> str | None:
 
 
 def check_table(table: tuple[Recogniser, ...] | None = None) -> None:
-    """Raise ValueError naming the row unless every row has a known kind, a marker, and a unique name."""
+    """Raise ValueError naming the row unless every row has a unique name, a known kind, a marker, and
+    a block that names the row closing it."""
+    rows = RECOGNISERS if table is None else table
+    names = {row.name for row in rows}
     seen: set[str] = set()
-    for row in RECOGNISERS if table is None else table:
+    for row in rows:
         where = f"recogniser {row.name!r}"
         if row.name in seen:
             raise ValueError(f"{where}: the name is used twice")
@@ -558,6 +561,8 @@ def check_table(table: tuple[Recogniser, ...] | None = None) -> None:
             raise ValueError(f"{where}.kind: {row.kind!r} is not one of {', '.join(KINDS)}")
         if not row.markers or not all(isinstance(m, str) and m for m in row.markers):
             raise ValueError(f"{where}.markers: expected at least one non-empty literal, got {row.markers!r}")
+        if row.block is not None and row.block.closer not in names:
+            raise ValueError(f"{where}.block.closer: {row.block.closer!r} is not a row of the table")
 
 
 check_table()
