@@ -8,7 +8,7 @@ from importlib import resources
 
 import pytest
 
-import validator.ingest.crash_lines as crash_lines
+import validator.ingest.recognisers as recognisers
 from validator.ingest.crash_lines import classify_error, site_patterns
 from validator.ingest.scan import scan_lines
 from validator.knowledge import load
@@ -38,7 +38,7 @@ def patch_sites(monkeypatch):
     def patch(edit):
         data = {n: copy.deepcopy(load(n)) for n in ("flashmla", "crash_sites")}
         edit(data)
-        monkeypatch.setattr(crash_lines, "load", lambda name: data[name] if name in data else load(name))
+        monkeypatch.setattr(recognisers, "load", lambda name: data[name] if name in data else load(name))
         site_patterns.cache_clear()
     yield patch
     monkeypatch.undo()

@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 
-from validator.kernel.outcome import Unavailable, Unsupported
+from validator.kernel.protocol import Unavailable, Unsupported
 
 SCHED = "/src/FlashMLA/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu"
 COMBINE = "/src/FlashMLA/csrc/smxx/decode/combine/combine.cu"

@@ -149,7 +149,7 @@ def test_oct2025_api_metadata_before_the_call(fake_provider):
 
 def test_feature_missing_is_unsupported(fake_provider):
     from validator.kernel import torch_backend as tb
-    from validator.kernel.outcome import Unsupported
+    from validator.kernel.protocol import Unsupported
 
     fake_provider("fake_fmla_oct2", OCT2025_API)
     rec = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 576, "topk": 64, "topk_length": [1, 2]}
@@ -288,7 +288,7 @@ def test_prefill_entry_point_gets_use_legacy(fake_provider):
 
 def test_explicit_use_legacy_on_a_build_without_it_is_unsupported(fake_provider):
     from validator.kernel import torch_backend as tb
-    from validator.kernel.outcome import Unsupported
+    from validator.kernel.protocol import Unsupported
 
     fake_provider("fake_fmla_noleg", CURRENT_API)
     with pytest.raises(Unsupported, match="use_legacy"):

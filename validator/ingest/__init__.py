@@ -1,5 +1,7 @@
 """Reading crash evidence: engine logs (SGLang scheduler lines of every release, vLLM scheduler
 dumps), SGLang crash dumps (restricted unpickling), launch commands and ``ServerArgs`` lines.
+Error lines are read by one table of recognisers (:mod:`.recognisers`: a new error-line format
+is a row there), the table kernel mode reads its children's output with too.
 
 Nothing here judges a batch; :mod:`validator.bisect` turns the evidence into candidate steps and
 asks the checker.

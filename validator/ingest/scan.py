@@ -4,7 +4,9 @@ Memory stays bounded whatever the log size: per rank only the last ``window`` st
 counters and the largest prefill seen), errors and examples are capped, and a line longer than
 ``MAX_LINE`` characters is cut (and counted). Every line lands in exactly one counted category:
 scheduler step, mirrored step (the same batch printed by another TP rank), batch-like line that did
-not parse (examples kept), error, configuration, vLLM dump, or other.
+not parse (examples kept), error, configuration, vLLM dump, or other. Error lines are read by the
+recogniser table of :mod:`validator.ingest.recognisers` (a new error-line format is a row there), and
+a dump that spans lines (CUTLASS's TMA descriptor) by its row's block.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from .. import limits
 from ..errors import InputError
 from ..limits import parse_int
 from ..names import normalize_setting
-from .crash_lines import TMA_FIELD, ErrorEvent, classify_error
+from .crash_lines import ErrorEvent
+from .recognisers import OpenBlock, Recognised, classify, open_block
 from .launch import DP_CHUNK_WARNING, EngineConfig, entry_point, find_launch, parse_launch, server_args_from_line
 from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
 from .vllm_dump import MARKER as VLLM_MARKER
@@ -171,7 +174,7 @@ class LogScanner:
         self._vllm_buf: list[str] | None = None
         self._vllm_line = 0
         self._vllm_waiting = 0
-        self._tma: ErrorEvent | None = None     # an open TMA descriptor dump: its field lines follow
+        self._block: OpenBlock | None = None    # an open multi-line error (a TMA descriptor dump): its lines follow
 
     @property
     def evidence(self) -> LogEvidence:
@@ -260,38 +263,16 @@ class LogScanner:
                 ev.config.update(vals, f"{ev.name}:{no} (vLLM config)")
                 ev.counts["config"] += 1
                 return
-        if self._tma is not None and self._tma_line(line, no):
-            return
-        got = classify_error(line)
+        if self._block is not None:
+            if self._block.take(line, no):     # a field or the closing line of the open dump: part of its error
+                ev.counts["error"] += 1
+                return
+            self._block = None
+        got = classify(line)
         if got is not None:
-            self._error(line, no, prefix, *got)
+            self._error(line, no, prefix, got)
             return
         ev.counts["other"] += 1
-
-    def _tma_line(self, line: str, no: int) -> bool:
-        """A field line of the open TMA descriptor dump (``globalDim  (512,64,0,1,1)``) or its closing
-        ``Failed to initialize the TMA descriptor N`` line: both become part of the dump's error."""
-        e = self._tma
-        assert e is not None
-        if no - e.numbers.get("last_line", e.line_no) > 2:
-            self._tma = None
-            return False
-        m = TMA_FIELD.match(line)
-        got = None if m else classify_error(line)
-        if m:
-            e.numbers.setdefault("descriptor", {})[m.group("key")] = m.group("value")
-            dims = re.findall(r"-?\d+", m.group("value")) if m.group("key") == "globalDim" else []
-            if dims and any(int(x) == 0 for x in dims):
-                e.numbers["zero_extent"] = True
-        elif got is not None and got[0] == "tma_descriptor" and "tma_result" in got[1]:
-            e.numbers["tma_result"] = got[1]["tma_result"]
-            self._tma = None
-        else:
-            self._tma = None
-            return False
-        e.numbers["last_line"] = no
-        self.ev.counts["error"] += 1
-        return True
 
     def _batch_line(self, line: str, no: int, prefix) -> None:
         ev = self.ev
@@ -321,8 +302,9 @@ class LogScanner:
         ev.eras[step.era.label] += 1
         ev.era_examples.setdefault(step.era.label, step.era)
 
-    def _error(self, line: str, no: int, prefix, kind: str, nums: dict) -> None:
+    def _error(self, line: str, no: int, prefix, got: Recognised) -> None:
         ev = self.ev
+        kind, nums = got.kind, got.numbers
         ev.counts["error"] += 1
         ev.error_counts[kind] += 1
         rank = prefix.label() if prefix is not None and prefix.ranks else None
@@ -345,7 +327,7 @@ class LogScanner:
             ev.errors_tail.append(e)
         if rank is not None and not inferred:
             ev.first_error_by_rank.setdefault(rank, e)
-        self._tma = e if kind == "tma_descriptor" and "descriptor_address" in nums else None
+        self._block = open_block(got, no)
 
     # ------------------------------------------------------------------ multi-line items
     def _finish_launch(self) -> None:

@@ -10,7 +10,9 @@ Modules:
 * :mod:`.providers` - which FlashMLA provider can run (``flash_mla``: upstream or sgl-flash-mla; the
   copy inside ``sgl_kernel``), which of its two APIs it exposes, and its build;
 * :mod:`.env` - what kernel mode would find here (``validate-batch env``);
-* :mod:`.runner` / :mod:`.outcome` - run one job in a child process and classify how it ended;
+* :mod:`.runner` / :mod:`.outcome` - run one job in a child process and classify how it ended (its
+  error lines read by the shared recogniser table, :mod:`validator.ingest.recognisers`);
+* :mod:`.protocol` - the marker lines a child prints and the exceptions a backend raises;
 * :mod:`.worker` / :mod:`.torch_backend` - the child side (torch is imported there only);
 * :mod:`.check` - run every call of a report on the GPU and compare with the model;
 * :mod:`.probe` - find a limit on hardware by bisection, one child per probe;

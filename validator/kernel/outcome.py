@@ -28,6 +28,12 @@ path) carries it in ``fallback``: the call ran, on a slower kernel.
 
 ``oracle_outcome`` maps these onto the four classes of the recorded probes (``ok``,
 ``python_exception``, ``process_exit``, ``process_crash``) so measured runs compare with them.
+
+The child's error lines are read by the recogniser table bisect reads logs with
+(:mod:`validator.ingest.recognisers`; a new error-line format is a row there): FlashMLA's
+``CUDA error (file:line)`` line gives ``cuda_error``, an assertion line the message of a crash, and the
+most specific recognised line is reported as ``recognised``. The marker protocol the child prints is
+:mod:`.protocol`.
 """
 from __future__ import annotations
 
@@ -35,12 +41,18 @@ import json
 import re
 import signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-MARKER = "@@validate-batch"
-STAGE_PREFIX = f"{MARKER} stage "
-PARTIAL_PREFIX = f"{MARKER} partial "
-RESULT_PREFIX = f"{MARKER} result "
+from ..errors import InputError
+from ..ingest.recognisers import (
+    DEVICE_ASSERT_TEXT,
+    ILLEGAL_ACCESS_TEXT,
+    Recognised,
+    assertion_text,
+    classify_block,
+    most_specific,
+)
+from .protocol import MARKER, PARTIAL_PREFIX, RESULT_PREFIX, STAGE_PREFIX
 
 OUTCOMES = ("ok", "python_exception", "process_exit", "illegal_memory_access", "device_assert",
             "process_crash", "timeout", "unavailable", "unsupported", "malformed")
@@ -61,9 +73,7 @@ MAX_PARTS = 1 << 16
 MAX_SPLITS = 1 << 24
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
-CUDA_ERROR_RE = re.compile(r"CUDA error \(([^()]*?):(\d+)\): (.+)")
-TORCH_CUDA_ERROR_RE = re.compile(r"CUDA error: ([^\n]+)")
-ASSERTION_RE = re.compile(r"Assertion [`'].*failed.*")
+CUDA_ERROR_FORMAT = "flashmla_check_cuda"   # the recogniser of the library's exit(1) line, with its site
 FALLBACK_RE = re.compile(r"\[WARNING\] batch_size=(\d+) requires (\d+)\s*B shared memory \(max=(\d+)\s*B\), "
                          r"using low-smem fallback kernel\.?")
 # Exceptions that are about the environment (GPU architecture, build, API), never about the batch.
@@ -83,16 +93,6 @@ ENVIRONMENT_ERROR_TYPES = {
     "AttributeError": "the provider lacks an attribute the call needs",
     "NotImplementedError": "the provider does not implement the call",
 }
-ILLEGAL_ACCESS_TEXT = "illegal memory access"
-DEVICE_ASSERT_TEXT = "device-side assert"
-
-
-class Unavailable(Exception):
-    """Raised in the child: the job cannot run here at all (torch, a CUDA GPU or FlashMLA is missing)."""
-
-
-class Unsupported(Exception):
-    """Raised in the child: the provider lacks a feature the call needs (the call says nothing about limits)."""
 
 
 class MalformedResult(ValueError):
@@ -229,13 +229,32 @@ class CudaError:
         return {"site": self.site, "file": self.file, "line": self.line, "text": self.text}
 
 
+def read_errors(text: str) -> list[Recognised]:
+    """The error lines of a child's output (the marker protocol's lines aside), in order, read by the
+    shared recognisers; a number in them too long to be real is :class:`MalformedResult`."""
+    lines = (ln for ln in text.splitlines() if not ln.startswith(MARKER))
+    try:
+        return [got for _, got in classify_block(lines)]
+    except InputError as e:
+        raise MalformedResult(str(e)) from None
+
+
+def cuda_error_of(errors: Iterable[Recognised]) -> CudaError | None:
+    """The last ``CUDA error (file:line): text`` line among the recognised errors, if any."""
+    found = None
+    for got in errors:
+        if got.recogniser.name == CUDA_ERROR_FORMAT:
+            found = got
+    if found is None:
+        return None
+    nums = found.numbers
+    line = _digits(str(nums["source_line"]), "a CUDA error line number", MAX_LINE_DIGITS)
+    return CudaError(nums["path"], line, str(nums.get("message", "")))
+
+
 def find_cuda_error(text: str) -> CudaError | None:
     """The last ``CUDA error (file:line): text`` line in ``text``, if any."""
-    found = None
-    for m in CUDA_ERROR_RE.finditer(text):
-        found = CudaError(m.group(1), _digits(m.group(2), "a CUDA error line number", MAX_LINE_DIGITS),
-                          m.group(3).strip())
-    return found
+    return cuda_error_of(read_errors(text))
 
 
 def find_fallback(text: str) -> dict | None:
@@ -258,11 +277,11 @@ def environment_reason(error_type: str | None, message: str) -> str | None:
     return ENVIRONMENT_ERROR_TYPES.get(error_type or "")
 
 
-def find_assertion(text: str) -> str | None:
-    """The last host- or device-side assertion line (``Assertion `cond' failed ...``), if any."""
+def assertion_of(errors: Iterable[Recognised]) -> str | None:
+    """The last recognised host- or device-side assertion's text (``Assertion `cond' failed ...``), if any."""
     found = None
-    for m in ASSERTION_RE.finditer(text):
-        found = m.group(0).strip()
+    for got in errors:
+        found = assertion_text(got) or found
     return found
 
 
@@ -353,6 +372,7 @@ class RunResult:
     fallback: dict | None = None
     inconclusive_reason: str = ""
     output_dropped: dict = field(default_factory=dict)   # bytes of child output not kept, by stream
+    recognised: dict | None = None   # the most specific error line of the run, as the shared recognisers read it
 
     @property
     def fallback_used(self) -> bool:
@@ -423,6 +443,8 @@ class RunResult:
             d["fallback"] = self.fallback
         if self.output_dropped:
             d["output_dropped"] = dict(self.output_dropped)
+        if self.outcome != "ok" and self.recognised is not None:
+            d["recognised"] = dict(self.recognised)
         if with_payload and self.payload:
             d["payload"] = self.payload
         return d
@@ -449,18 +471,29 @@ def classify(returncode: int | None, stdout: str, stderr: str, *, timed_out: boo
                          inconclusive_reason=why, output_dropped=dropped)
 
 
+def _exception_text(res: dict) -> str:
+    """The exception a child reported, as its traceback's last line prints it (``TYPE: message``)."""
+    msg = str(res.get("message", ""))
+    return f"{res['error_type']}: {msg}" if res.get("error_type") else msg
+
+
 def _classify(returncode: int | None, stdout: str, stderr: str, timed_out: bool, elapsed_s: float,
               dropped: dict) -> RunResult:
     child = parse_child_stdout(stdout)
     both = f"{stderr}\n{stdout}"
-    cuda_err = find_cuda_error(both)
+    err_lines = read_errors(stderr)
+    errors = err_lines + read_errors(stdout)
+    res = child.result
+    if res is not None and res.get("status") not in ("ok", "unavailable", "unsupported"):
+        errors += read_errors(_exception_text(res))
+    cuda_err = cuda_error_of(errors)
+    best = most_specific(errors)
     common = dict(stage=child.last_stage, partial=child.partial, elapsed_s=elapsed_s,
                   stderr_tail=tail(stderr), cuda_error=cuda_err, fallback=find_fallback(both),
-                  output_dropped=dropped)
+                  output_dropped=dropped, recognised=best.to_dict() if best is not None else None)
     if timed_out:
         return RunResult("timeout", f"no result within {elapsed_s:.1f} s; the process group was killed",
                          exit_code=None, inconclusive_reason="no result within the time limit", **common)
-    res = child.result
     if res is not None:
         status = res.get("status")
         if status == "ok":
@@ -481,7 +514,7 @@ def _classify(returncode: int | None, stdout: str, stderr: str, timed_out: bool,
             outcome = "illegal_memory_access"
         elif DEVICE_ASSERT_TEXT in text:
             outcome = "device_assert"
-            assertion = find_assertion(stderr)
+            assertion = assertion_of(err_lines)
             if assertion:
                 msg = f"{msg} [{assertion}]"
         else:
@@ -489,7 +522,7 @@ def _classify(returncode: int | None, stdout: str, stderr: str, timed_out: bool,
         return RunResult(outcome, msg, exit_code=returncode, error_type=err_type, **common)
     if returncode is not None and returncode < 0:
         name = signal_name(-returncode)
-        msg = find_assertion(both) or last_line(stderr) or last_line(stdout)
+        msg = assertion_of(errors) or last_line(stderr) or last_line(stdout)
         return RunResult("process_crash", msg, exit_code=returncode, signal=name, **common)
     if child.unreadable and returncode == 0:
         raise MalformedResult(child.unreadable)

@@ -29,7 +29,7 @@ from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..knowledge import generation
 from ..reproduce import BROKEN_PREFIX, one_line, torch_broken
 from .builds import LEGACY_PARAM, distribution_of
-from .outcome import Unavailable, Unsupported
+from .protocol import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
 from .vllm_bundle import EXTENSION_OPS, add_to_path
 from .vllm_bundle import PROVIDER as VLLM_PROVIDER

@@ -25,7 +25,7 @@ import os
 import sys
 from pathlib import Path
 
-from validator.kernel.outcome import PARTIAL_PREFIX, RESULT_PREFIX, STAGE_PREFIX, Unavailable, Unsupported
+from validator.kernel.protocol import PARTIAL_PREFIX, RESULT_PREFIX, STAGE_PREFIX, Unavailable, Unsupported
 
 DEFAULT_BACKEND = "validator.kernel.torch_backend"
 MAX_MESSAGE_CHARS = 4000
