@@ -206,7 +206,8 @@ def test_a_rule_defined_once_reaches_explain_rules_the_catalog_and_bisect(new_ru
 
 def test_a_removed_rule_leaves_every_reader(new_rule):
     line = "CUDA error (/opt/tst/csrc/tst_rows_kernel.cu:12): too many rows"
-    kind, nums = classify_error(line)
+    got = classify_error(line)
+    kind, nums = got[0], got[1]
     err = ErrorEvent(kind, 1, line, numbers=nums)
     assert matching_codes(err) == ["TST950"]
     unregister("TST950")
