@@ -243,6 +243,8 @@ class Checker:
         self.threshold: int | None = b.threshold
         self.slow_above: int | None = b.slow_above   # rows above which the build's scheduler falls back
         self.has_slots = b.has_slots
+        self._decide = b.decide                       # the one bounds decision (bound once: read every step)
+        self._low_slot = 1 if b.has_slots else 0     # row 0 of the request table is reserved where slots are checked
         self.max_slot: int | None = b.max_slot
         slots = self._setup.providing("slots")
         self.table_rows: int | None = slots.table_rows if slots is not None else None
@@ -302,8 +304,9 @@ class Checker:
         check's profiles read); otherwise as the verdict reads them fastest: lists of plain ints
         stay lists, short integer arrays become lists, and the slot column's maximum comes from
         the pass that checks it."""
-        mode = _CANONICAL_MODES.get(forward_mode) if forward_mode.__class__ is str else None
-        if mode is None:
+        if forward_mode.__class__ is str and forward_mode in _CANONICAL_MODES:
+            mode = forward_mode
+        else:
             mode = parse_mode(forward_mode)
             if mode is None:
                 return (None,) * 9
@@ -312,7 +315,6 @@ class Checker:
                 raise InputError("extend_lens", f"missing: an {mode} step needs the new tokens of every request")
         elif seq_lens is None and (mode != "draft_extend" or extend_lens is None):
             raise InputError("seq_lens", f"missing: a {mode} step needs every request's sequence length")
-        read = _array_column if as_array else list_column
         n = None
         ext = seq = pre = slots = t = tokens = None
         if extend_lens is not None:
@@ -328,12 +330,12 @@ class Checker:
             if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):
                 seq = seq_lens
             else:
-                seq = read(seq_lens, "seq_lens", 1, MAX_POSITION, n)
+                seq = (_array_column if as_array else list_column)(seq_lens, "seq_lens", 1, MAX_POSITION, n)
             n = len(seq)
         if prefix_lens is not None:
-            pre = read(prefix_lens, "prefix_lens", 0, MAX_POSITION, n)
+            pre = (_array_column if as_array else list_column)(prefix_lens, "prefix_lens", 0, MAX_POSITION, n)
         if req_pool_indices is not None:
-            low = 1 if self.has_slots else 0        # row 0 of the request table is reserved where slots are checked
+            low = self._low_slot
             x = req_pool_indices[0] if not as_array and req_pool_indices.__class__ is list and n == 1 == len(
                 req_pool_indices) else None
             if x.__class__ is int and low <= x <= MAX_POSITION:
@@ -423,7 +425,7 @@ class Checker:
                 False)
             if mode is None:
                 return LEGAL
-            if self._bounds.decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), top):
+            if self._decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), top):
                 return LEGAL
             # the full check reads the columns as arrays
             mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
@@ -437,7 +439,7 @@ class Checker:
         if fs is None:  # idle
             return LEGAL
         mode, rows, max_slot = fs
-        if self._bounds.decide(mode, rows, max_slot):
+        if self._decide(mode, rows, max_slot):
             return LEGAL
         report = self.check(step)
         return LEGAL if report.legal else Verdict(False, report)
@@ -528,7 +530,7 @@ class Checker:
 
 
 #: the canonical forward-mode names, each its own parse (:func:`~validator.names.parse_mode`)
-_CANONICAL_MODES = {m: m for m in FORWARD_MODES}
+_CANONICAL_MODES = frozenset(FORWARD_MODES)
 
 
 def _array_column(v, name: str, lo: int, hi: int, n: int | None):
