@@ -345,17 +345,18 @@ class Checker:
                 t = self.max_slot_of(slots)
             else:
                 slots, t = list_column_top(req_pool_indices, "req_pool_indices", 0, MAX_POSITION, n, low)
-        if not n:
-            raise InputError("requests", "expected a non-empty step (an empty one is idle: pass forward_mode='idle')")
-        if n > MAX_REQUESTS:
+        if not 0 < n <= MAX_REQUESTS:
+            if not n:
+                raise InputError("requests", "expected a non-empty step (an empty one is idle: pass forward_mode='idle')")
             raise InputError("requests", f"{n} requests is absurd (expected <= {MAX_REQUESTS})")
-        if ext is not None and n > 1 and tokens > MAX_ROWS:
-            raise InputError("extend_lens", f"total extend tokens {tokens} is absurd (expected <= {MAX_ROWS})")
-        if ext is not None and seq is not None and pre is None and (
-                bool((np.asarray(seq) < np.asarray(ext)).any()) if isinstance(seq, np.ndarray) or isinstance(ext, np.ndarray)
-                else any(map(operator.lt, seq, ext))):
-            i = next(i for i, (a, e) in enumerate(zip(seq, ext)) if a < e)
-            raise InputError(f"seq_lens[{i}]", "shorter than extend_lens: expected seq_len = prefix + extend tokens")
+        if ext is not None:
+            if n > 1 and tokens > MAX_ROWS:
+                raise InputError("extend_lens", f"total extend tokens {tokens} is absurd (expected <= {MAX_ROWS})")
+            if seq is not None and pre is None and (
+                    bool((np.asarray(seq) < np.asarray(ext)).any()) if isinstance(seq, np.ndarray) or isinstance(ext, np.ndarray)
+                    else any(map(operator.lt, seq, ext))):
+                i = next(i for i, (a, e) in enumerate(zip(seq, ext)) if a < e)
+                raise InputError(f"seq_lens[{i}]", "shorter than extend_lens: expected seq_len = prefix + extend tokens")
         if rids is not None:
             rids = self._rids(rids, n)
         k = num_merged_decodes
