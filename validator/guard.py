@@ -317,15 +317,19 @@ class Checker:
             raise InputError("seq_lens", f"missing: a {mode} step needs every request's sequence length")
         n = None
         ext = seq = pre = slots = t = tokens = None
+        # (a column of one request given as a list of one plain int is checked here when the verdict
+        # reads it: a call costs more than the check)
         if extend_lens is not None:
-            if as_array:
+            x = extend_lens[0] if not as_array and extend_lens.__class__ is list and len(extend_lens) == 1 else None
+            if x.__class__ is int and 0 <= x <= MAX_TOKENS:
+                ext, tokens = extend_lens, x
+            elif as_array:
                 ext = _array_column(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
                 tokens = total(ext)
             else:
                 ext, tokens = list_column_sum(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
             n = len(ext)
         if seq_lens is not None:
-            # one request given as a list of one plain int: checked here (a call costs more than the check)
             x = seq_lens[0] if not as_array and seq_lens.__class__ is list and len(seq_lens) == 1 else None
             if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):
                 seq = seq_lens
@@ -333,7 +337,11 @@ class Checker:
                 seq = (_array_column if as_array else list_column)(seq_lens, "seq_lens", 1, MAX_POSITION, n)
             n = len(seq)
         if prefix_lens is not None:
-            pre = (_array_column if as_array else list_column)(prefix_lens, "prefix_lens", 0, MAX_POSITION, n)
+            x = prefix_lens[0] if not as_array and prefix_lens.__class__ is list and n == 1 == len(prefix_lens) else None
+            if x.__class__ is int and 0 <= x <= MAX_POSITION:
+                pre = prefix_lens
+            else:
+                pre = (_array_column if as_array else list_column)(prefix_lens, "prefix_lens", 0, MAX_POSITION, n)
         if req_pool_indices is not None:
             low = self._low_slot
             x = req_pool_indices[0] if not as_array and req_pool_indices.__class__ is list and n == 1 == len(
