@@ -492,12 +492,14 @@ def _walk_prefix(C, P: int, F: int, total: int):
     """The greedy walk over prefix sums ``C`` (a list of ints, or a memoryview of an int64 array,
     each probe converting one value): the one Python walk beside the compiled one.
 
-    Each partition finds the last request boundary at or before its end: the next two first (with
-    a few requests per partition the end is often before them), else by a binary search confined to
-    the requests that can start in ``(C[r], end]``, as each takes at least ``1 + F`` units."""
+    Each partition finds the last request boundary at or before its end by a binary search confined
+    to the requests that can start in ``(C[r], end]``, as each takes at least ``1 + F`` units; with
+    up to about three requests per partition the next two boundaries are looked at first (the end
+    is often before them)."""
     QF = -(-total // P) + F
     w_min = 1 + F
     n_c = len(C)
+    many = n_c > 3 * P + 1
     starts: list[int] = []
     events: list[int] = []
     add_start, add_event = starts.append, events.append
@@ -507,11 +509,15 @@ def _walk_prefix(C, P: int, F: int, total: int):
         end = x + QF
         if end >= total:
             break
-        if C[r + 1] <= end:     # (C[r] <= end < total = C[b], so r < b): else it ends in request r
+        if many:
+            hi = r + (end - c) // w_min + 2
+            r = bisect_right(C, end, r + 1, hi if hi < n_c else n_c) - 1  # last boundary at or before end
+            c = C[r]
+        elif C[r + 1] <= end:           # (C[r] <= end < total = C[b], so r < b): else it ends in request r
             r += 1
             if C[r + 1] <= end:
                 hi = r + (end - c) // w_min + 2
-                r = bisect_right(C, end, r + 1, hi if hi < n_c else n_c) - 1  # last boundary at or before end
+                r = bisect_right(C, end, r + 1, hi if hi < n_c else n_c) - 1
             c = C[r]
         if c <= x or end - c > F:
             x = end - F
