@@ -22,6 +22,7 @@ from .evaluate import EngineSetup, evaluate
 from .flashmla.calls import MAX_ROWS
 from .modes import Mode
 from .names import ROUTABLE_MODES
+from .ruleset import STATE as RULES
 from .ruleset import forward_rules, generation
 from .search import largest_legal
 
@@ -65,6 +66,10 @@ class StepBounds:
     routed_full: bool = False         # routed forwards are not decided by their rows (late-layer tails)
     row_modes: tuple | None = None    # the modes whose rows are what ``max_rows`` bounds (None: every mode)
 
+    def __post_init__(self):
+        # read on every step by decide (a property would cost a call there)
+        object.__setattr__(self, "_sure", self.sure_rows)
+
     @property
     def complete(self) -> bool:
         """Every registered rule is decided by these bounds (and none was added since)."""
@@ -82,7 +87,14 @@ class StepBounds:
 
     def decide(self, mode: Mode | str, rows: int, max_slot: int | None) -> bool | None:
         """Legality from the row count and the largest slot; None when only the full check can tell.
-        ``mode``: a :class:`Mode`, or its name (a guard's lean path passes the name it was given)."""
+        ``mode``: a :class:`Mode`, or its name (the guard passes the name it was given).
+
+        The one bounds decision: the guard's verdict on every step, ``headroom`` and the split read
+        it. The commonest answer comes first: 1..:attr:`sure_rows` rows with every slot in range,
+        under the rules these bounds were derived for, are legal in any mode."""
+        if (0 < rows <= self._sure and (max_slot is None or self.max_slot is None or 0 <= max_slot <= self.max_slot)
+                and RULES.generation == self.rules_generation):
+            return True
         if not self.complete:
             return None
         if max_slot is not None and self.max_slot is not None and (max_slot > self.max_slot or max_slot < 0):

@@ -5,6 +5,7 @@ Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field), 4 inter
 """
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import sys
@@ -591,51 +592,61 @@ cli_map.register(app)
 
 
 # The commonest invocations run without typer's parsing, whose conversion of each parameter loads
-# pydantic (about a third of the start-up): `check` and `metadata` with at most one FILE, the flags
-# and the text-valued options below, each given once as separate words. Anything else (other
-# options, --help, --opt=value, a repeated option, --) goes through typer; the two paths give the
-# same output and exit code (tests/test_cli_direct.py).
-DIRECT_FLAGS = {"--json": "as_json", "--quiet": "quiet", "-q": "quiet"}
-DIRECT_VALUES = {"--example": "example", "--gpu": "gpu", "--kernel-gen": "kernel", "--output-format": "output_format",
-                 "-f": "output_format"}
+# pydantic (about a third of the start-up): `check` and `metadata` with at most one FILE and the
+# options of the table below, each given once as separate words. Anything else (other options,
+# --help, --opt=value, a repeated option, --) goes through typer; the two paths give the same
+# output and exit code (tests/test_cli_direct.py).
+_DIRECT_COMMON = {"--json": ("as_json", False), "--quiet": ("quiet", False), "-q": ("quiet", False),
+                  "--gpu": ("gpu", True), "--kernel-gen": ("kernel", True), "--output-format": ("output_format", True),
+                  "-f": ("output_format", True)}
+#: per command: its function and the options the direct path reads, word -> (parameter, whether a
+#: value follows); any other word that does not start with "-", or "-" itself, is the FILE
+DIRECT_COMMANDS = {"check": (check, {**_DIRECT_COMMON, "--example": ("example", True)}),
+                   "metadata": (metadata, _DIRECT_COMMON)}
+
+
+def _direct_words(words: list[str], options: dict) -> dict | None:
+    """``{parameter: value}`` of the words after the command, read by the table (None: typer reads them)."""
+    given: dict = {}
+    it = iter(words)
+    for w in it:
+        opt = options.get(w)
+        if opt is None:
+            if w != "-" and w.startswith("-"):
+                return None
+            name, value = "file", w
+        else:
+            name, takes_value = opt
+            value = True
+            if takes_value:
+                value = next(it, None)
+                if value is None or value.startswith("-"):
+                    return None
+        if name in given:
+            return None
+        given[name] = value
+    return given
 
 
 def direct_call(argv: list[str]):
-    """``(command function, keyword arguments)`` for an invocation the direct path takes, else None."""
-    if not argv or argv[0] not in ("check", "metadata"):
+    """``(command function, keyword arguments)`` for an invocation the direct path takes, else None:
+    the words read by :data:`DIRECT_COMMANDS`, every other parameter at the default its typer
+    option declares."""
+    if not argv or argv[0] not in DIRECT_COMMANDS:
         return None
-    fn = check if argv[0] == "check" else metadata
-    code = fn.__code__               # (inspect would cost more start-up than it saves)
-    if len(fn.__defaults__ or ()) != code.co_argcount:
+    fn, options = DIRECT_COMMANDS[argv[0]]
+    given = _direct_words(argv[1:], options)
+    if given is None:
         return None
-    params = dict(zip(code.co_varnames[:code.co_argcount], fn.__defaults__))
-    given: dict = {}
-    words = iter(argv[1:])
-    for w in words:
-        name = DIRECT_FLAGS.get(w)
-        value: Any = True
-        if name is None:
-            name = DIRECT_VALUES.get(w)
-            if name is not None:
-                value = next(words, None)
-                if value is None or value.startswith("-"):
-                    return None
-            elif w == "-" or not w.startswith("-"):
-                name, value = "file", w
-            else:
-                return None
-        if name not in params or name in given:
-            return None
-        given[name] = value
     kwargs = {}
-    for name, info in params.items():
-        default = getattr(info, "default", info)
+    for name, param in inspect.signature(fn).parameters.items():    # (typer has imported inspect)
         if name in given:
             kwargs[name] = given[name]
-        elif default is ...:
+            continue
+        default = getattr(param.default, "default", param.default)  # a typer option carries its default
+        if default is ... or default is inspect.Parameter.empty:
             return None               # a required argument is missing: typer says so
-        else:
-            kwargs[name] = list(default) if isinstance(default, list) else default
+        kwargs[name] = list(default) if isinstance(default, list) else default
     return fn, kwargs
 
 

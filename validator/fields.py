@@ -177,6 +177,54 @@ def short_int_list(v: Any) -> list | None:
     return None
 
 
+def list_column(v: Any, name: str, lo: int, hi: int, n: int | None) -> list | np.ndarray:
+    """:func:`column` for the verdict's reading of a step: a list of plain ints, or a short integer
+    array read as one (:func:`short_int_list`), is checked with one pass (:func:`ints_within`) and
+    comes back as that list; anything else, and anything that pass rejects, goes through
+    :func:`column`, which names the bad element or converts the column."""
+    if v.__class__ is not list:
+        short = short_int_list(v)
+        if short is not None:
+            v = short
+    if v.__class__ is list and v and (n is None or len(v) == n) and ints_within(v, lo, hi):
+        return v
+    return column(v, name, lo, hi, n)
+
+
+def list_column_sum(v: Any, name: str, lo: int, hi: int, n: int | None) -> tuple:
+    """:func:`list_column` that also gives the column's sum, ``(column, sum)``, from the pass that
+    checks the list (:func:`sum_within`; lo >= 0)."""
+    if v.__class__ is not list:
+        short = short_int_list(v)
+        if short is not None:
+            v = short
+    if v.__class__ is list and v and (n is None or len(v) == n):
+        t = sum_within(v, lo, hi)
+        if t >= 0:
+            return v, t
+    v = column(v, name, lo, hi, n)
+    return v, total(v)
+
+
+def list_column_top(v: Any, name: str, lo: int, hi: int, n: int | None, low: int) -> tuple:
+    """:func:`list_column` that also gives the column's largest value: ``(column, top)``, where
+    ``top`` is -1 when a value lies below ``low`` (lo <= low): the pass that checks the list finds
+    its maximum too (:func:`top_within`)."""
+    if v.__class__ is not list:
+        short = short_int_list(v)
+        if short is not None:
+            v = short
+    if v.__class__ is list and v and (n is None or len(v) == n):
+        t = top_within(v, low, hi)
+        if t >= 0:
+            return v, t
+    v = column(v, name, lo, hi, n)
+    if not count(v):
+        return v, None
+    mn, mx = min_max(v) if isinstance(v, np.ndarray) else (min(v), max(v))
+    return v, (-1 if mn < low else mx)
+
+
 def int_array_within(v: list, lo: int, hi: int) -> np.ndarray | None:
     """A non-empty list of plain ints all in [lo, hi] as an int64 array (one compiled pass, or a few
     C builtins); None for anything else."""

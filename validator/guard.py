@@ -39,11 +39,10 @@ from .fields import (
     bad_element,
     column,
     int_arg,
-    ints_within,
-    short_int_list,
-    sum_within,
+    list_column,
+    list_column_sum,
+    list_column_top,
     top,
-    top_within,
     total,
 )
 from .flashmla.calls import MAX_ROWS
@@ -51,11 +50,10 @@ from .flashmla.schedule import WalkMemo
 from .forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from .limits import echo
-from .names import BATCH_SETTINGS, SETTINGS, check_server_arg, normalize_setting, parse_mode
+from .names import BATCH_SETTINGS, FORWARD_MODES, SETTINGS, check_server_arg, normalize_setting, parse_mode
 from .pipeline import check_engine_batch, check_engine_steps
 from .profiles import engine_family
 from .report import Report
-from .ruleset import STATE as RULES
 
 
 class Verdict:
@@ -245,12 +243,12 @@ class Checker:
         self.threshold: int | None = b.threshold
         self.slow_above: int | None = b.slow_above   # rows above which the build's scheduler falls back
         self.has_slots = b.has_slots
+        self._decide = b.decide                       # the one bounds decision (bound once: read every step)
+        self._low_slot = 1 if b.has_slots else 0     # row 0 of the request table is reserved where slots are checked
         self.max_slot: int | None = b.max_slot
         slots = self._setup.providing("slots")
         self.table_rows: int | None = slots.table_rows if slots is not None else None
         self.buffer_rows: dict = {buf.name: buf.rows for buf in slots.buffers} if slots is not None else {}
-        self._sure_rows = b.sure_rows
-        self._rules_generation = b.rules_generation
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -278,11 +276,6 @@ class Checker:
                 "static_errors": [f.code for f in self.static_findings]}
 
     # ------------------------------------------------------------------------------ fast decision
-    def _decide(self, mode: str, rows: int, max_slot_seen: int | None) -> bool | None:
-        """Legality from the row count and the largest slot (the configuration's bounds); None when
-        only the full check can tell."""
-        return self._bounds.decide(mode, rows, max_slot_seen)
-
     def step_rows(self, mode: str, n: int, extend, num_merged_decodes: int, padded_rows) -> int:
         """Query rows of a step of ``n`` requests (:func:`validator.forward.query_rows`)."""
         return query_rows(mode, n, extend, num_merged_decodes, padded_rows, self.draft_tokens)
@@ -303,38 +296,75 @@ class Checker:
 
     # ------------------------------------------------------------------------------ lists
     def _validate(self, forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids,
-                  num_merged_decodes, padded_rows) -> tuple:
-        mode = parse_mode(forward_mode)
-        if mode is None:
-            return (None,) * 8
+                  num_merged_decodes, padded_rows, as_array: bool = True) -> tuple:
+        """The step's fields, validated (:class:`InputError` names the first bad one): ``(mode, n,
+        ext, seq, pre, slots, k, pad, top)`` with ``top`` the largest slot (:meth:`max_slot_of`);
+        all None for an idle step. The one reading of a step given as lists, for the verdict and
+        the full check alike. ``as_array``: the columns come back as int64 arrays (what the full
+        check's profiles read); otherwise as the verdict reads them fastest: lists of plain ints
+        stay lists, short integer arrays become lists, and the slot column's maximum comes from
+        the pass that checks it."""
+        if forward_mode.__class__ is str and forward_mode in _CANONICAL_MODES:
+            mode = forward_mode
+        else:
+            mode = parse_mode(forward_mode)
+            if mode is None:
+                return (None,) * 9
         if mode == "extend" or mode == "mixed":
             if extend_lens is None:
                 raise InputError("extend_lens", f"missing: an {mode} step needs the new tokens of every request")
         elif seq_lens is None and (mode != "draft_extend" or extend_lens is None):
             raise InputError("seq_lens", f"missing: a {mode} step needs every request's sequence length")
         n = None
-        ext = seq = pre = slots = None
+        ext = seq = pre = slots = t = tokens = None
+        # (a column of one request given as a list of one plain int is checked here when the verdict
+        # reads it: a call costs more than the check)
         if extend_lens is not None:
-            ext = column(extend_lens, "extend_lens", 0, MAX_TOKENS, None, True)
+            x = extend_lens[0] if not as_array and extend_lens.__class__ is list and len(extend_lens) == 1 else None
+            if x.__class__ is int and 0 <= x <= MAX_TOKENS:
+                ext, tokens = extend_lens, x
+            elif as_array:
+                ext = _array_column(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
+                tokens = total(ext)
+            else:
+                ext, tokens = list_column_sum(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
             n = len(ext)
         if seq_lens is not None:
-            seq = column(seq_lens, "seq_lens", 1, MAX_POSITION, n, True)
+            x = seq_lens[0] if not as_array and seq_lens.__class__ is list and len(seq_lens) == 1 else None
+            if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):
+                seq = seq_lens
+            else:
+                seq = (_array_column if as_array else list_column)(seq_lens, "seq_lens", 1, MAX_POSITION, n)
             n = len(seq)
         if prefix_lens is not None:
-            pre = column(prefix_lens, "prefix_lens", 0, MAX_POSITION, n, True)
+            x = prefix_lens[0] if not as_array and prefix_lens.__class__ is list and n == 1 == len(prefix_lens) else None
+            if x.__class__ is int and 0 <= x <= MAX_POSITION:
+                pre = prefix_lens
+            else:
+                pre = (_array_column if as_array else list_column)(prefix_lens, "prefix_lens", 0, MAX_POSITION, n)
         if req_pool_indices is not None:
-            slots = column(req_pool_indices, "req_pool_indices", 0, MAX_POSITION, n, True)
-        if not n:
-            raise InputError("requests", "expected a non-empty step (an empty one is idle: pass forward_mode='idle')")
-        if n > MAX_REQUESTS:
+            low = self._low_slot
+            x = req_pool_indices[0] if not as_array and req_pool_indices.__class__ is list and n == 1 == len(
+                req_pool_indices) else None
+            if x.__class__ is int and low <= x <= MAX_POSITION:
+                slots, t = req_pool_indices, x
+            elif as_array:
+                slots = _array_column(req_pool_indices, "req_pool_indices", 0, MAX_POSITION, n)
+                t = self.max_slot_of(slots)
+            else:
+                slots, t = list_column_top(req_pool_indices, "req_pool_indices", 0, MAX_POSITION, n, low)
+        if not 0 < n <= MAX_REQUESTS:
+            if not n:
+                raise InputError("requests", "expected a non-empty step (an empty one is idle: pass forward_mode='idle')")
             raise InputError("requests", f"{n} requests is absurd (expected <= {MAX_REQUESTS})")
-        if ext is not None and n > 1 and total(ext) > MAX_ROWS:
-            raise InputError("extend_lens", f"total extend tokens {total(ext)} is absurd (expected <= {MAX_ROWS})")
-        if ext is not None and seq is not None and pre is None and (
-                bool((np.asarray(seq) < np.asarray(ext)).any()) if isinstance(seq, np.ndarray) or isinstance(ext, np.ndarray)
-                else any(map(operator.lt, seq, ext))):
-            i = next(i for i, (a, e) in enumerate(zip(seq, ext)) if a < e)
-            raise InputError(f"seq_lens[{i}]", "shorter than extend_lens: expected seq_len = prefix + extend tokens")
+        if ext is not None:
+            if n > 1 and tokens > MAX_ROWS:
+                raise InputError("extend_lens", f"total extend tokens {tokens} is absurd (expected <= {MAX_ROWS})")
+            if seq is not None and pre is None and (
+                    bool((np.asarray(seq) < np.asarray(ext)).any()) if isinstance(seq, np.ndarray) or isinstance(ext, np.ndarray)
+                    else any(map(operator.lt, seq, ext))):
+                i = next(i for i, (a, e) in enumerate(zip(seq, ext)) if a < e)
+                raise InputError(f"seq_lens[{i}]", "shorter than extend_lens: expected seq_len = prefix + extend tokens")
         if rids is not None:
             rids = self._rids(rids, n)
         k = num_merged_decodes
@@ -343,7 +373,7 @@ class Checker:
             if k and mode != "extend" and mode != "mixed":
                 raise InputError("num_merged_decodes", f"only extend / mixed steps merge running decodes, got a {mode} step")
         pad = int_arg(padded_rows, "padded_rows", 0, MAX_ROWS) if padded_rows is not None else None
-        return mode, n, ext, seq, pre, slots, k, pad
+        return mode, n, ext, seq, pre, slots, k, pad, t
 
     @staticmethod
     def _rids(rids, n: int) -> list:
@@ -399,16 +429,16 @@ class Checker:
         if forward_mode is None and type(step) is str:
             forward_mode = step
         if forward_mode is not None:
-            if (padded_rows is None and num_merged_decodes.__class__ is int and not num_merged_decodes
-                    and self._lean(forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids)):
-                return LEGAL
-            mode, n, ext, seq, pre, slots, k, pad = self._validate(
-                forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
+            mode, n, ext, seq, pre, slots, k, pad, top = self._validate(
+                forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows,
+                False)
             if mode is None:
                 return LEGAL
-            rows = self.step_rows(mode, n, ext, k, pad)
-            if self._decide(mode, rows, self.max_slot_of(slots)):
+            if self._decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), top):
                 return LEGAL
+            # the full check reads the columns as arrays
+            mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
+                forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
             report = self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
             return LEGAL if report.legal else Verdict(False, report)
         if isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
@@ -423,81 +453,6 @@ class Checker:
         report = self.check(step)
         return LEGAL if report.legal else Verdict(False, report)
 
-    def _lean(self, mode, ext, seq, slots, pre, rids) -> bool:
-        """True when plain int lists are provably a legal step; False means "take the general path".
-
-        The same checks as ``_validate`` + ``_rows`` + ``_decide`` for the common shapes (canonical
-        mode name, lists of ints or short 1-D integer arrays, no padding or merged decodes), with no
-        intermediate objects. It never raises and never says "legal" for input the general path
-        would reject.
-        """
-        if mode == "decode" or mode == "target_verify":
-            if ext is not None:
-                return False
-            if seq.__class__ is not list:
-                seq = short_int_list(seq)     # a short integer array: cheaper as a list
-                if seq is None:
-                    return False
-            n = len(seq)
-            if n == 1:
-                x = seq[0]
-                if x.__class__ is not int or not 1 <= x <= MAX_POSITION:
-                    return False
-            elif not ints_within(seq, 1, MAX_POSITION):
-                return False
-            if mode == "decode":
-                rows = n
-            elif self.draft_tokens > 0:
-                rows = n * self.draft_tokens
-            else:
-                return False
-        elif mode == "extend" or mode == "mixed":
-            if seq is not None:
-                return False
-            if ext.__class__ is not list:
-                ext = short_int_list(ext)     # a short integer array: cheaper as a list
-                if ext is None:
-                    return False
-            n = len(ext)
-            rows = sum_within(ext, 0, MAX_TOKENS)
-            if rows < 0 or rows > MAX_ROWS:
-                return False
-        else:
-            return False
-        if not n or n > MAX_REQUESTS:
-            return False
-        if pre is not None:
-            if pre.__class__ is not list:
-                pre = short_int_list(pre)
-            if pre is None or len(pre) != n or not ints_within(pre, 0, MAX_POSITION):
-                return False
-        top = None
-        if slots is not None:
-            if slots.__class__ is not list:
-                slots = short_int_list(slots)
-                if slots is None:
-                    return False
-            if len(slots) != n:
-                return False
-            low = 1 if self.has_slots else 0        # row 0 of the request table is reserved
-            if n == 1:
-                top = slots[0]
-                if top.__class__ is not int or not low <= top <= MAX_POSITION:
-                    return False
-            else:
-                top = top_within(slots, low, MAX_POSITION)
-                if top < 0:
-                    return False
-        if rids is not None:
-            try:
-                self._rids(rids, n)
-            except InputError:
-                return False
-        if (0 < rows <= self._sure_rows and (top is None or self.max_slot is None or top <= self.max_slot)
-                and RULES.generation == self._rules_generation):
-            return True
-        return self._decide(mode, rows, top) is True
-
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:
         cols = self._columns(mode, n, ext, seq, pre, slots, k, rids)
         return check_engine_batch(self._batch(mode, cols, pad, k), kernel=self.kernel, split=self.split,
@@ -510,7 +465,7 @@ class Checker:
         if forward_mode is None and type(step) is str:
             forward_mode = step
         if forward_mode is not None:
-            mode, n, ext, seq, pre, slots, k, pad = self._validate(
+            mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
                 forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
             if mode is None:
                 return _idle_report()
@@ -533,7 +488,7 @@ class Checker:
               *, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,
               padded_rows: int | None = None) -> Batch | None:
         """The :class:`~validator.batch.Batch` the full path checks for these lists (None when idle)."""
-        mode, n, ext, seq, pre, slots, k, pad = self._validate(
+        mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
             forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
         if mode is None:
             return None
@@ -581,6 +536,15 @@ class Checker:
         return headroom(self, step, extend_lens, seq_lens, num_requests=num_requests,
                         num_running_decodes=num_running_decodes, padded_rows=padded_rows,
                         prefix_lens=prefix_lens, req_pool_indices=req_pool_indices)
+
+
+#: the canonical forward-mode names, each its own parse (:func:`~validator.names.parse_mode`)
+_CANONICAL_MODES = frozenset(FORWARD_MODES)
+
+
+def _array_column(v, name: str, lo: int, hi: int, n: int | None):
+    """A validated column as the full check reads it: a 1-D int64 array (:func:`column`)."""
+    return column(v, name, lo, hi, n, True)
 
 
 def _idle_report() -> Report:

@@ -31,9 +31,9 @@ same results (the tests run both).
 Speed notes on the pure-Python walk (one Python step per partition, so constant factors matter):
 small batches build prefix sums with Python ints (numpy's per-call overhead dominates there), larger
 ones with numpy, converted to Python ints in one call; beyond 16 requests per partition they stay in
-numpy and are binary-searched through a memoryview instead of converting b values to Python ints;
-with up to about three requests per partition the next boundary is found by looking up to three
-requests ahead.
+numpy and are binary-searched through a memoryview instead of converting b values to Python ints.
+Either way one walk, :func:`_walk_prefix`, reads them, each binary search confined to the requests
+a partition can reach.
 """
 from __future__ import annotations
 
@@ -489,34 +489,17 @@ def schedule_first_generation(seqlens, num_sm_parts: int, fixed_overhead: int, b
 
 
 def _walk_prefix(C, P: int, F: int, total: int):
-    """The greedy walk over prefix sums ``C`` (a list of ints)."""
-    QF = -(-total // P) + F
-    starts: list[int] = []
-    events: list[int] = []
-    add_start, add_event = starts.append, events.append
-    x = r = 0
-    for _ in range(P):
-        add_start(x)
-        end = x + QF
-        if end >= total:
-            break
-        r = bisect_right(C, end, r) - 1  # last request boundary at or before end (C[r] <= x)
-        c = C[r]
-        if c <= x or end - c > F:
-            x = end - F
-            add_event(r)
-        else:
-            x = c
-    return starts, events
+    """The greedy walk over prefix sums ``C`` (a list of ints, or a memoryview of an int64 array,
+    each probe converting one value): the one Python walk beside the compiled one.
 
-
-def _walk_prefix_windowed(C, P: int, F: int, total: int):
-    """:func:`_walk_prefix` over a long ``C`` read through a memoryview (each probe converts one
-    value): the binary search is confined to the requests that can start in ``(C[r], end]``, as
-    each takes at least ``1 + F`` units."""
+    Each partition finds the last request boundary at or before its end by a binary search confined
+    to the requests that can start in ``(C[r], end]``, as each takes at least ``1 + F`` units; with
+    up to about three requests per partition the next two boundaries are looked at first (the end
+    is often before them)."""
     QF = -(-total // P) + F
     w_min = 1 + F
     n_c = len(C)
+    many = n_c > 3 * P + 1
     starts: list[int] = []
     events: list[int] = []
     add_start, add_event = starts.append, events.append
@@ -526,41 +509,17 @@ def _walk_prefix_windowed(C, P: int, F: int, total: int):
         end = x + QF
         if end >= total:
             break
-        hi = r + (end - c) // w_min + 2
-        r = bisect_right(C, end, r, hi if hi < n_c else n_c) - 1
-        c = C[r]
-        if c <= x or end - c > F:
-            x = end - F
-            add_event(r)
-        else:
-            x = c
-    return starts, events
-
-
-def _walk_prefix_short(C, P: int, F: int, total: int):
-    """:func:`_walk_prefix` for a few requests per partition (up to about three): look at the next
-    three boundaries before falling back to a binary search. (``c <= x`` implies ``end - c > F``, as
-    the payload exceeds ``F``, so one comparison decides a split.)"""
-    QF = -(-total // P) + F
-    starts: list[int] = []
-    events: list[int] = []
-    add_start, add_event = starts.append, events.append
-    x = r = 0
-    for _ in range(P):
-        add_start(x)
-        end = x + QF
-        if end >= total:
-            break
-        r += 1
-        if C[r] <= end:
+        if many:
+            hi = r + (end - c) // w_min + 2
+            r = bisect_right(C, end, r + 1, hi if hi < n_c else n_c) - 1  # last boundary at or before end
+            c = C[r]
+        elif C[r + 1] <= end:           # (C[r] <= end < total = C[b], so r < b): else it ends in request r
             r += 1
-            if C[r] <= end:
-                r += 1
-                if C[r] <= end:
-                    r = bisect_right(C, end, r)
-        r -= 1
-        c = C[r]
-        if end - c > F:
+            if C[r + 1] <= end:
+                hi = r + (end - c) // w_min + 2
+                r = bisect_right(C, end, r + 1, hi if hi < n_c else n_c) - 1
+            c = C[r]
+        if c <= x or end - c > F:
             x = end - F
             add_event(r)
         else:
@@ -573,8 +532,6 @@ def _walk_prefix_short(C, P: int, F: int, total: int):
 # (one binary search per partition) instead of being converted to Python ints one by one.
 _SMALL_B = 96
 _MEMORYVIEW_RATIO = 16
-# Up to this many requests per partition the next boundary is looked for among the next three.
-_SHORT_RATIO = 3
 
 
 def _stream(s, P: int, F: int, block: int):
@@ -623,13 +580,10 @@ def _prefix_of(widths: np.ndarray) -> np.ndarray:
 
 
 def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
-    """The greedy walk over the stream's prefix sums, by the variant that suits ``b`` and ``P``."""
-    walk = _walk_prefix_short if b <= _SHORT_RATIO * P else _walk_prefix
+    """The greedy walk over the stream's prefix sums, read in the form that suits ``b`` and ``P``."""
     if isinstance(prefix, list):
-        return walk(prefix, P, F, total)
-    if b > _MEMORYVIEW_RATIO * P:
-        return _walk_prefix_windowed(memoryview(prefix), P, F, total)
-    return walk(prefix.tolist(), P, F, total)
+        return _walk_prefix(prefix, P, F, total)
+    return _walk_prefix(memoryview(prefix) if b > _MEMORYVIEW_RATIO * P else prefix.tolist(), P, F, total)
 
 
 def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:

@@ -1,0 +1,148 @@
+"""The verdict and the full check share one path: one reading of the step's lists, one row counter,
+one bounds decision; the verdict agrees with itself across input representations (lists, tuples,
+numpy arrays of any integer dtype, objects with ``tolist``) and with the full check; the one
+pure-Python schedule walk reads lists and memoryviews alike and equals the reference loop; the
+command line's direct path reads only options its commands declare."""
+from __future__ import annotations
+
+import inspect
+import random
+
+import numpy as np
+import pytest
+
+from validator import Checker, InputError, cli, guard
+from validator.bounds import StepBounds
+from validator.flashmla.schedule import _walk_prefix, schedule_reference
+
+PRE = "sglang-dsv4@pre-25418"
+SETTINGS = {"chunked_prefill_size": 8192, "max_running_requests": 64, "speculative_num_draft_tokens": 4}
+ENGINES = [[PRE], [PRE, "sglang-slots@pre-fix"]]
+
+
+class Tensor:
+    """Stands in for a CPU tensor: only ``tolist()`` is read."""
+
+    def __init__(self, values):
+        self._values = list(values)
+
+    def tolist(self):
+        return list(self._values)
+
+
+def _counting(monkeypatch, owner, name):
+    calls = []
+    real = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+    return calls
+
+
+def test_the_verdict_takes_the_full_checks_reading_row_counter_and_decision(monkeypatch):
+    assert not hasattr(Checker, "_lean"), "no second reading of the lists"
+    decided = _counting(monkeypatch, StepBounds, "decide")
+    counted = _counting(monkeypatch, guard, "query_rows")
+    chk = Checker(PRE, "H200", SETTINGS)        # binds the (wrapped) decision once
+    read = _counting(monkeypatch, Checker, "_validate")
+    decided.clear()
+    assert chk.verdict("decode", seq_lens=[100], req_pool_indices=[1])
+    assert (read, counted, decided) == (["_validate"], ["query_rows"], ["decide"])
+    read.clear()
+    assert chk.check("decode", seq_lens=[100], req_pool_indices=[1]).legal
+    assert read == ["_validate"]
+    # an illegal step: the verdict's report is the full check's
+    v = chk.verdict("extend", extend_lens=[4096] * 3)
+    assert not v and v.report.codes == chk.check("extend", extend_lens=[4096] * 3).codes
+
+
+def test_the_bounds_shortcut_is_the_rest_of_the_decision():
+    """decide's first test (1..sure_rows rows, slots in range) answers as its general branches do."""
+    for engine in ENGINES:
+        b = Checker(engine, "H200", SETTINGS).bounds
+        slow = StepBounds(**{f: getattr(b, f) for f in StepBounds.__dataclass_fields__})
+        object.__setattr__(slow, "_sure", 0)        # the shortcut never taken
+        slots = [None, -1, 0, 1, 63] + ([b.max_slot, b.max_slot + 1] if b.max_slot is not None else [])
+        rows = {0, 1, 2, 255, 256, b.sure_rows - 1, b.sure_rows, b.sure_rows + 1, 11623, 20000}
+        for mode in ("decode", "extend", "mixed", "target_verify", "draft_extend"):
+            for r in rows:
+                for s in slots:
+                    assert b.decide(mode, r, s) == slow.decide(mode, r, s), (engine, mode, r, s)
+
+
+def _forms(values: list, rng: random.Random):
+    """The same column as a list, a tuple, numpy arrays of several integer dtypes and a tensor stand-in."""
+    out = [list(values), tuple(values), Tensor(values)]
+    if all(0 <= x < 1 << 31 for x in values):
+        out += [np.array(values, dtype=rng.choice([np.int64, np.int32, np.uint32])),
+                np.array(values, dtype=np.int64)[::-1][::-1]]       # a view, not a fresh array
+    return out
+
+
+def _outcome(fn):
+    try:
+        v = fn()
+    except InputError as e:
+        return ("error", e.field)
+    return ("legal", bool(v))
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["dsv4", "dsv4+slots"])
+def test_every_representation_gets_the_same_verdict_and_the_full_check_agrees(impl, engine):
+    chk = Checker(engine, "H200", SETTINGS)
+    rng = random.Random(2026)
+    for _ in range(250):
+        mode = rng.choice(["decode", "target_verify", "extend", "mixed"])
+        n = rng.choice([1, 2, 8, 9, rng.randint(1, 700), rng.choice([2900, 11622, 11700])])
+        cols: dict = {}
+        if mode in ("decode", "target_verify"):
+            cols["seq_lens"] = [rng.randint(1, 9000) for _ in range(n)]
+        else:
+            cols["extend_lens"] = [rng.randint(0, rng.choice([3, 40, 4096])) for _ in range(n)]
+            if rng.random() < 0.5:
+                cols["prefix_lens"] = [rng.randint(0, 4096) for _ in range(n)]
+        if rng.random() < 0.7:
+            cols["req_pool_indices"] = [rng.randint(rng.choice([0, 1]), rng.choice([63, 64, 300])) for _ in range(n)]
+        if rng.random() < 0.2:                  # one bad value somewhere
+            name = rng.choice(sorted(cols))
+            cols[name][rng.randrange(n)] = rng.choice([-1, 1 << 40, 0])
+        want = _outcome(lambda: chk.verdict(mode, **cols))
+        for _ in range(3):                      # mixed representations, one per column
+            kw = {k: rng.choice(_forms(v, rng)) for k, v in cols.items()}
+            assert _outcome(lambda: chk.verdict(mode, **kw)) == want, (mode, n, {k: type(v) for k, v in kw.items()})
+        if want[0] == "legal":
+            assert chk.full_legal(mode, **cols) == want[1], (mode, n)
+
+
+def test_the_one_walk_reads_lists_and_memoryviews_and_equals_the_reference_loop():
+    rng = np.random.default_rng(17)
+    for P, top in ((132, 640), (66, 2048), (7, 100), (1, 50)):
+        for b in (1, 2, 3 * P, 3 * P + 1, 16 * P, 16 * P + 1, 40 * P):
+            for F in (0, 5):
+                s = rng.integers(0, top + 1, b)
+                widths = np.maximum((s - 1) // 64 + 1, 1) + F
+                C = [0] + np.cumsum(widths).tolist()
+                total = C[-1]
+                starts, events = _walk_prefix(C, P, F, total)
+                assert _walk_prefix(memoryview(np.array(C, dtype=np.int64)), P, F, total) == (starts, events)
+                ref = schedule_reference(s, P, F)
+                assert events == ref.split_requests, (P, b, F)
+                # every active partition starts where the reference loop's begins: request and block
+                for x, row in zip(starts, ref.rows):
+                    r = int(np.searchsorted(C, x, "right")) - 1
+                    assert (r, x - C[r]) == (row[0], row[2]), (P, b, F)
+
+
+@pytest.mark.parametrize("command", sorted(cli.DIRECT_COMMANDS))
+def test_the_direct_paths_table_reads_only_options_the_command_declares(command):
+    fn, options = cli.DIRECT_COMMANDS[command]
+    params = inspect.signature(fn).parameters
+    assert fn is getattr(cli, command)
+    assert "file" in params
+    for word, (name, takes_value) in options.items():
+        info = params[name].default
+        assert word in info.param_decls, (command, word)
+        assert takes_value == (not isinstance(info.default, bool)), (command, word)
