@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from validator import Checker  # noqa: E402
+from validate_batch import Checker  # noqa: E402
 
 TARGET = 10.0          # p99 within this factor of the median, for every kind of step
 CLOCK = time.thread_time   # this thread's CPU time: waiting for the GIL (16 threads on few cores) does not count

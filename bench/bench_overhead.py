@@ -1,4 +1,4 @@
-"""Per-step overhead of the pre-dispatch guard (``validator.Checker``), measured in one run.
+"""Per-step overhead of the pre-dispatch guard (``validate_batch.Checker``), measured in one run.
 
 Steps (DeepSeek-V4 on SGLang, H200; per-request data drawn once with a fixed seed):
 
@@ -53,7 +53,7 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from validator import Checker, _accel  # noqa: E402
+from validate_batch import Checker, _accel  # noqa: E402
 
 ORACLE_NAMES = [ROOT / "fixtures" / "oracle" / "flashmla_h200_sched_kernel_timing.json",
                 ROOT.parent / "shared" / "oracle" / "flashmla_h200_sched_kernel_timing.json"]

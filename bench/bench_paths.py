@@ -15,11 +15,11 @@ rounds, each round starting with one untimed call; ``--clock`` as in the other b
   scheduling kernel at that b (``model1_h64_topk128_extra512``); a DeepSeek-V4 forward runs it 3
   times. Targets: verdict <= 2 x loop, verdict <= check, check <= 0.5 x (3 x kern) with the
   compiled helpers (1.0 in pure Python).
-* ``one-shot``: ``validator.plan(record).schedule`` and ``validator.check(record)`` of one sparse
+* ``one-shot``: ``validate_batch.plan(record).schedule`` and ``validate_batch.check(record)`` of one sparse
   call record of that shape (h_q 64, d_qk 512, topk 128, extra_topk 512, per-request
   ``topk_length`` / ``extra_topk_length`` drawn with a fixed seed) with list fields, and (for
   information) numpy array fields. Target: each <= 1 x kern for list input.
-* ``document``: ``validator.check(batch document)`` of the same decode step (requests as
+* ``document``: ``validate_batch.check(batch document)`` of the same decode step (requests as
   ``{id, seq_len, req_pool_idx}`` objects) against ``Checker.check`` on the same requests as lists
   (with their ids). Target: document <= 3 x the Checker path.
 * ``cli`` (elapsed time, median of ``--cli-runs`` runs, interleaved): ``python -c pass`` for
@@ -56,8 +56,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_overhead import fake_schedule_batch, kernel_times, trivial  # noqa: E402
 
-import validator  # noqa: E402
-from validator import Checker, _accel  # noqa: E402
+import validate_batch  # noqa: E402
+from validate_batch import Checker, _accel  # noqa: E402
 
 BS = (1, 64, 256, 1024, 4096, 11622)
 SECTIONS = ("guard", "one-shot", "document", "cli", "memory")
@@ -175,10 +175,10 @@ def one_shot_rows(kern: dict, scale: float, rounds: int) -> list[dict]:
             rec = call_record(b, random.Random(b), as_array)
 
             def plan(rec=rec):
-                return validator.plan(rec).schedule
+                return validate_batch.plan(rec).schedule
 
             def check(rec=rec):
-                return validator.check(rec)
+                return validate_batch.check(rec)
 
             assert plan() is not None and check().legal, b
             n = max(int(600 * scale * 256 / max(b, 256)), 4)
@@ -191,7 +191,7 @@ def one_shot_rows(kern: dict, scale: float, rounds: int) -> list[dict]:
 
 
 def print_one_shot(rows: list[dict]) -> bool:
-    print("one-shot: validator.plan(record).schedule and validator.check(record), one sparse call record "
+    print("one-shot: validate_batch.plan(record).schedule and validate_batch.check(record), one sparse call record "
           "(h_q 64, d_qk 512, topk 128 + extra 512); target <= 1 x kernel for list input")
     hdr = f"{'b':>6} {'input':<7} {'plan':>9} {'check':>9} {'kern':>8} {'plan/k':>7} {'check/k':>7}  targets"
     print(hdr)
@@ -215,7 +215,7 @@ def document_rows(chk: Checker, scale: float, rounds: int) -> list[dict]:
                "requests": [{"id": r, "seq_len": s, "req_pool_idx": k} for r, s, k in zip(rids, seq, slots)]}
 
         def document():
-            return validator.check(doc)
+            return validate_batch.check(doc)
 
         def checker():
             chk.schedule_memo.clear()
@@ -231,7 +231,7 @@ def document_rows(chk: Checker, scale: float, rounds: int) -> list[dict]:
 
 
 def print_documents(rows: list[dict]) -> bool:
-    print("document: validator.check(batch document) against Checker.check on the same requests; target <= 3 x")
+    print("document: validate_batch.check(batch document) against Checker.check on the same requests; target <= 3 x")
     hdr = f"{'b':>6} {'document':>10} {'checker':>10} {'ratio':>6}  target"
     print(hdr)
     print("-" * len(hdr))
@@ -245,12 +245,12 @@ def print_documents(rows: list[dict]) -> bool:
 
 # ----------------------------------------------------------------------------------- CLI
 def console_script() -> list[str]:
-    """The installed ``validate-batch`` (beside this Python, else on PATH), else ``python -m validator.cli``."""
+    """The installed ``validate-batch`` (beside this Python, else on PATH), else ``python -m validate_batch.cli.main``."""
     exe = Path(sys.executable).with_name("validate-batch")
     if exe.is_file():
         return [str(exe)]
     found = shutil.which("validate-batch")
-    return [found] if found else [sys.executable, "-m", "validator.cli"]
+    return [found] if found else [sys.executable, "-m", "validate_batch.cli.main"]
 
 
 def oracle_file() -> Path:

@@ -35,10 +35,10 @@ import numpy as np
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from validator import _accel  # noqa: E402
-from validator.flashmla.calls import call_from_record  # noqa: E402
-from validator.flashmla.plan import plan  # noqa: E402
-from validator.flashmla.schedule import schedule_fast, schedule_reference  # noqa: E402
+from validate_batch import _accel  # noqa: E402
+from validate_batch.flashmla.calls import call_from_record  # noqa: E402
+from validate_batch.flashmla.plan import plan  # noqa: E402
+from validate_batch.flashmla.schedule import schedule_fast, schedule_reference  # noqa: E402
 
 TIMING_NAME = "flashmla_h200_sched_kernel_timing.json"
 TIMING_CANDIDATES = [

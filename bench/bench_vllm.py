@@ -16,7 +16,7 @@ import sys
 import time
 from types import SimpleNamespace
 
-from validator import Checker
+from validate_batch import Checker
 
 
 def scheduler_output(n: int, drafts: int, prefill: int = 0) -> SimpleNamespace:

@@ -11,14 +11,14 @@ import json
 import os
 import sys
 
-from validator.flashmla.calls import call_from_record
-from validator.kernel import torch_backend as tb
-from validator.kernel.vllm_bundle import EXTENSION_OPS, add_to_path
-from validator.kernel.worker import execute, load_backend
+from validate_batch.flashmla.calls import call_from_record
+from validate_batch.kernel_mode import torch_backend as tb
+from validate_batch.kernel_mode.vllm_bundle import EXTENSION_OPS, add_to_path
+from validate_batch.kernel_mode.worker import execute, load_backend
 
 
 def run_batch(job, stage, partial):
-    inner = load_backend(os.environ.get("RECORD_INNER_BACKEND") or "validator.kernel.torch_backend")
+    inner = load_backend(os.environ.get("RECORD_INNER_BACKEND") or "validate_batch.kernel_mode.torch_backend")
     done = 0
     with open(job["out"], "a") as fh:
         for one in job["jobs"]:

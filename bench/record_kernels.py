@@ -28,11 +28,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from validator.kernel.check import model_view  # noqa: E402
-from validator.kernel.providers import Provider  # noqa: E402
-from validator.kernel.runner import ChildSpec, run_job, run_jobs  # noqa: E402
-from validator.kernel.vllm_bundle import ENV_VAR  # noqa: E402
-from validator.flashmla.plan import plan as make_plan  # noqa: E402
+from validate_batch.kernel_mode.check import model_view  # noqa: E402
+from validate_batch.kernel_mode.providers import Provider  # noqa: E402
+from validate_batch.kernel_mode.runner import ChildSpec, run_job, run_jobs  # noqa: E402
+from validate_batch.kernel_mode.vllm_bundle import ENV_VAR  # noqa: E402
+from validate_batch.flashmla.plan import plan as make_plan  # noqa: E402
 
 BATCH_BACKEND = ROOT / "bench" / "record_batch_backend.py"
 CHUNK = 40

@@ -69,7 +69,7 @@ def oracle_prefill_probes() -> list[dict]:
 @pytest.fixture(scope="session")
 def h200():
     """The H200 profile as the project resolves it (132 SMs, cc 9.0, 232448 B opt-in shared memory)."""
-    from validator.knowledge import resolve_gpu
+    from validate_batch.facts.knowledge import resolve_gpu
 
     g = resolve_gpu("H200")
     # The facts the tests rely on, stated independently of the profile file.
@@ -81,7 +81,7 @@ def h200():
 def impl(request, monkeypatch) -> str:
     """Runs the test with the pure-Python paths and again with the compiled helpers (the schedule
     walk and the list checks); the compiled run is skipped when they were not built."""
-    from validator import _accel
+    from validate_batch import _accel
 
     if request.param == "python":
         monkeypatch.setattr(_accel, "compiled", None)
@@ -93,6 +93,6 @@ def impl(request, monkeypatch) -> str:
 @pytest.fixture
 def pure_python(monkeypatch) -> None:
     """The pure-Python paths only (for tests of what only they do, such as reusing walks)."""
-    from validator import _accel
+    from validate_batch import _accel
 
     monkeypatch.setattr(_accel, "compiled", None)

@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import validator
-from validator import LEGAL, BatchIllegalError, Checker, InputError
-from validator.adapters import sglang_forward_mode, step_lists
+import validate_batch
+from validate_batch import LEGAL, BatchIllegalError, Checker, InputError
+from validate_batch.inputs.adapters import sglang_forward_mode, step_lists
 
 ROOT = Path(__file__).resolve().parents[1]
 LIMIT = (232448 - 4) // 20
@@ -102,7 +102,7 @@ def test_sglang_seed_batch_is_refused_with_the_split(pre):
 
 def test_sglang_report_equals_the_document_report(pre):
     a = pre.check(seed_batch())
-    b = validator.check({"engine": PRE, "gpu": "H200", "server_args": SEED_ARGS, "forward_mode": "extend",
+    b = validate_batch.check({"engine": PRE, "gpu": "H200", "server_args": SEED_ARGS, "forward_mode": "extend",
                          "requests": [{"id": f"p{i}", "extend_tokens": 4096, "req_pool_idx": i} for i in (1, 2, 3)]})
     assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
     assert a.safe_split.to_dict() == b.safe_split.to_dict()
@@ -237,7 +237,7 @@ class DeviceTensor(FakeTensor):
 
 
 def test_host_tensors_are_read_as_arrays_and_device_tensors_as_lists(pre):
-    from validator.adapters import step_lists
+    from validate_batch.inputs.adapters import step_lists
 
     seq = [4096, 70, 1, 9000]
     want = pre.check("decode", seq_lens=seq, rids=["a", "b", "c", "d"])
@@ -387,7 +387,7 @@ def test_documented_vllm_hook_refuses_an_oversized_step():
 
 
 def test_headroom_of_an_engine_object():
-    c = Checker(engine="sglang-dsv4@post-25418", kernel="flashmla-9241ae3")
+    c = Checker(engine="sglang-dsv4@post-25418", build="flashmla-9241ae3")
     h = c.headroom(schedule_batch(ForwardMode.EXTEND, ["p1", "p2"], extend=[4096, 4096]))
     assert h.rows == 8192 and h.more_rows == LIMIT - 8192 and h.rows_to_route == 11673 + 1 - 8192
     d = c.headroom(schedule_batch(ForwardMode.DECODE, ["a", "b", "c"], seq=[5, 6, 7]))

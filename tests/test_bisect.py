@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from validator.bisect import BisectChecker, BisectOptions, diagnose, find_boundary
-from validator.ingest import build_config, read_inputs
-from validator.ingest.scan import scan_lines
+from validate_batch.bisect import BisectChecker, BisectOptions, diagnose, find_boundary
+from validate_batch.ingest import build_config, read_inputs
+from validate_batch.ingest.scan import scan_lines
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 H200_SMEM = 232448
@@ -185,7 +185,7 @@ def test_json_is_complete_and_serialisable():
 
 @pytest.mark.parametrize("gpu", ["H100", "B200"])
 def test_boundary_follows_the_gpu_profile(gpu):
-    from validator.knowledge import resolve_gpu
+    from validate_batch.facts.knowledge import resolve_gpu
 
     smem = resolve_gpu(gpu).smem_optin
     diag = run("sglang-dsv4-prefill-12288.log", gpu=gpu)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from validator.cli import app
+from validate_batch.cli.main import app
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 MAX_B = (232448 // 4 - 1) // 5

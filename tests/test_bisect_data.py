@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-import validator.bisect.data as bdata
-import validator.bisect.docs as bdocs
-import validator.profiles.slots as slots_profile
-from validator.bisect import BisectOptions, Builder, choose_profile, diagnose, server_args, versions_to_try
-from validator.ingest import build_config, read_inputs
-from validator.ingest.launch import EngineConfig
-from validator.ingest.scan import scan_lines
-from validator.ingest.sglang_log import Era
-from validator.knowledge import load
+import validate_batch.bisect.data as bdata
+import validate_batch.bisect.docs as bdocs
+import validate_batch.engines.slots as slots_profile
+from validate_batch.bisect import BisectOptions, Builder, choose_profile, diagnose, server_args, versions_to_try
+from validate_batch.ingest import build_config, read_inputs
+from validate_batch.ingest.launch import EngineConfig
+from validate_batch.ingest.scan import scan_lines
+from validate_batch.ingest.sglang_log import Era
+from validate_batch.facts.knowledge import load
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

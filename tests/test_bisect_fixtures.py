@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import validator
-from validator.cli import app
+import validate_batch
+from validate_batch.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "fixtures" / "logs"
@@ -244,7 +244,7 @@ def test_fixture_batches_reproduce_their_step(name, args, codes):
 def test_empty_chunk_at_its_limit(rows, legal):
     doc = {"engine": "sglang-dsv4@0.5.8", "gpu": "H200", "forward_mode": "extend",
            "requests": [{"id": "p1", "extend_tokens": rows, "prefix_len": 6144}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert rep.legal is legal and (("SGL002" in rep.codes) is not legal)
 
 

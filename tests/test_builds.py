@@ -21,10 +21,10 @@ import pytest
 from conftest import oracle_path
 from typer.testing import CliRunner
 
-from validator.api import check_calls
-from validator.cli import app
-from validator.flashmla.plan import plan
-from validator.knowledge import build_names, resolve_gpu
+from validate_batch.api import check_calls
+from validate_batch.cli.main import app
+from validate_batch.flashmla.plan import plan
+from validate_batch.facts.knowledge import build_names, resolve_gpu
 
 SMEM = 232448
 SGLFM = "sgl-flash-mla-1.0.0"
@@ -235,7 +235,7 @@ def test_kernel_gen_option_names_a_build_or_fails(tmp_path):
     assert runner.invoke(app, seed + ["--kernel-gen", "flashmla-9241ae3", "-q"]).exit_code == 1
     assert runner.invoke(app, seed + ["--kernel-gen", SGLFM, "-q"]).exit_code == 0
     bad = runner.invoke(app, seed + ["--kernel-gen", "nope"])
-    assert bad.exit_code == 2 and "--kernel-gen" in bad.output
+    assert bad.exit_code == 2 and "--build" in bad.output
     assert runner.invoke(app, ["bisect", "fixtures/logs/sglang-dsv4-prefill-12288.log", "--kernel-gen", "nope"]).exit_code == 2
 
 
@@ -272,10 +272,10 @@ def test_hoisted_op_runs_alone_past_every_attention_limit():
 
 def test_every_build_resolves_without_a_call():
     # what `generation(NAME)` answers when no call says which kernels: a generation of that build
-    from validator.knowledge import build, generation
+    from validate_batch.facts.knowledge import build_record, generation
 
     for name in build_names():
         gen = generation(name)
-        kernels = build(name)["kernels"]
+        kernels = build_record(name)["kernels"]
         names = {v for k in kernels.values() for v in (k.values() if isinstance(k, dict) else [k])}
         assert gen["build"] == name and gen["name"] in names

@@ -14,8 +14,8 @@ import threading
 import numpy as np
 import pytest
 
-import validator
-from validator import LEGAL, BatchIllegalError, Checker, InputError
+import validate_batch
+from validate_batch import LEGAL, BatchIllegalError, Checker, InputError
 
 # every test here runs on the pure-Python paths and on the compiled helpers
 pytestmark = pytest.mark.usefixtures("impl")
@@ -44,7 +44,7 @@ def pre():
 
 @pytest.fixture(scope="module")
 def post():
-    return Checker(engine=POST, kernel=UPSTREAM, gpu="H200")
+    return Checker(engine=POST, build=UPSTREAM, gpu="H200")
 
 
 # ------------------------------------------------------------------ resolved configuration
@@ -125,7 +125,7 @@ def test_legal_verdict_is_the_shared_constant(pre):
 @pytest.mark.parametrize("rows", [LIMIT - 1, LIMIT, LIMIT + 1])
 @pytest.mark.parametrize("engine", [PRE, POST])
 def test_decode_rows_at_the_limit(rows, engine):
-    c = Checker(engine=engine, split=False, kernel=UPSTREAM)   # the split of >11000 requests is not what is tested here
+    c = Checker(engine=engine, split=False, build=UPSTREAM)   # the split of >11000 requests is not what is tested here
     v = c.verdict("decode", seq_lens=[700] * rows)
     assert v.legal is (rows <= LIMIT)
 
@@ -141,7 +141,7 @@ def test_extend_rows_and_the_routing_gap(post, rows, legal):
 
 @pytest.mark.parametrize("bs,draft", [(2905, 4), (2906, 4), (1452, 8), (1453, 8)])
 def test_verify_rows_are_batch_times_draft_and_never_routed(bs, draft):
-    c = Checker(engine=POST, kernel=UPSTREAM, server_args={"speculative_num_draft_tokens": draft})
+    c = Checker(engine=POST, build=UPSTREAM, server_args={"speculative_num_draft_tokens": draft})
     assert c.verdict("target_verify", seq_lens=[500] * bs).legal is (bs * draft <= LIMIT)
 
 
@@ -209,27 +209,27 @@ def test_full_check_from_lists_equals_the_document_path(case):
         kw = dict(forward_mode="extend", extend_lens=[4096] * 3, rids=["p1", "p2", "p3"])
         doc = _doc(PRE, "extend", [{"id": f"p{i}", "extend_tokens": 4096} for i in (1, 2, 3)], server_args=SEED_ARGS)
     elif case == "decode":
-        c = Checker(engine=POST, kernel=UPSTREAM)
+        c = Checker(engine=POST, build=UPSTREAM)
         seq = [100 + 37 * i for i in range(300)]  # padded past the limit: illegal, the split is compared too
         kw = dict(forward_mode="decode", seq_lens=seq, padded_rows=LIMIT + 5)
         doc = _doc(POST, "decode", [{"id": f"r{i}", "seq_len": s} for i, s in enumerate(seq)], padded_rows=LIMIT + 5)
     elif case == "verify":
-        c = Checker(engine=POST, kernel=UPSTREAM, server_args={"speculative_num_draft_tokens": 4})
+        c = Checker(engine=POST, build=UPSTREAM, server_args={"speculative_num_draft_tokens": 4})
         kw = dict(forward_mode="target_verify", seq_lens=[300, 5000, 70000])
         doc = _doc(POST, "target_verify", [{"id": f"r{i}", "seq_len": s} for i, s in enumerate([300, 5000, 70000])],
                    server_args={"speculative_num_draft_tokens": 4})
     elif case == "prefix":
-        c = Checker(engine=POST, kernel=UPSTREAM)
+        c = Checker(engine=POST, build=UPSTREAM)
         kw = dict(forward_mode="extend", extend_lens=[3000, 9000], prefix_lens=[100, 70000])
         doc = _doc(POST, "extend", [{"id": "r0", "extend_tokens": 3000, "prefix_len": 100},
                                     {"id": "r1", "extend_tokens": 9000, "prefix_len": 70000}])
     else:
-        c = Checker(engine=POST, kernel=UPSTREAM)
+        c = Checker(engine=POST, build=UPSTREAM)
         kw = dict(forward_mode="extend", extend_lens=[1000, 2000], seq_lens=[1500, 2000])  # prefix = seq - extend
         doc = _doc(POST, "extend", [{"id": "r0", "extend_tokens": 1000, "prefix_len": 500},
                                     {"id": "r1", "extend_tokens": 2000}])
     mode = kw.pop("forward_mode")
-    a, b = c.check(mode, **kw), validator.check(doc)
+    a, b = c.check(mode, **kw), validate_batch.check(doc)
     assert a.legal == b.legal
     assert [f.to_dict() for f in a.findings] == [f.to_dict() for f in b.findings]
     ka = {k: v for k, v in a.context.items() if k != "batch"}
@@ -291,15 +291,15 @@ def test_headroom_with_routing_names_the_gap(post):
 
 
 def test_headroom_counts_merged_decodes_only_with_mixed_chunking():
-    on = Checker(engine=POST, kernel=UPSTREAM, server_args={"enable_mixed_chunk": True})
-    off = Checker(engine=POST, kernel=UPSTREAM)
+    on = Checker(engine=POST, build=UPSTREAM, server_args={"enable_mixed_chunk": True})
+    off = Checker(engine=POST, build=UPSTREAM)
     assert on.headroom("extend", num_running_decodes=64).more_rows == LIMIT - 64
     h = off.headroom("extend", num_running_decodes=64)
     assert h.more_rows == LIMIT and "mixed chunking is off" in h.note
 
 
 def test_headroom_of_decode_and_verify():
-    c = Checker(engine=POST, kernel=UPSTREAM, server_args={"speculative_num_draft_tokens": 4})
+    c = Checker(engine=POST, build=UPSTREAM, server_args={"speculative_num_draft_tokens": 4})
     d = c.headroom("decode", seq_lens=[10] * 100)
     assert d.more_requests == LIMIT - 100 and d.threshold is None and "never routed" in d.note
     v = c.headroom("target_verify", num_requests=100)
@@ -344,7 +344,7 @@ def test_numpy_and_tuple_columns_are_accepted(pre):
 
 # ------------------------------------------------------------------ threads and imports
 def test_one_checker_shared_by_threads_gives_the_sequential_answers():
-    post = Checker(engine=POST, kernel=UPSTREAM, split=False)
+    post = Checker(engine=POST, build=UPSTREAM, split=False)
     cases = [("extend", dict(extend_lens=[n])) for n in (1, 4096, LIMIT, LIMIT + 1, THRESHOLD, THRESHOLD + 1)]
     cases += [("decode", dict(seq_lens=[300] * n)) for n in (10, LIMIT + 1)]
     want = [post.check(m, **kw).legal for m, kw in cases]
@@ -372,8 +372,8 @@ def test_one_checker_shared_by_threads_gives_the_sequential_answers():
 
 def test_importable_and_usable_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import validator, validator.guard, validator.adapters, validator.pytest_plugin\n"
-            "c = validator.Checker(engine='sglang-dsv4@pre-25418', gpu='H200')\n"
+            "import validate_batch, validate_batch.guard.checker, validate_batch.inputs.adapters, validate_batch.pytest_plugin\n"
+            "c = validate_batch.Checker(engine='sglang-dsv4@pre-25418', gpu='H200')\n"
             "v = c.verdict('extend', extend_lens=[4096, 4096, 4096], rids=['p1', 'p2', 'p3'])\n"
             "assert not v and v.safe_split.steps == [['p1', 'p2'], ['p3']]\n"
             "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
@@ -385,16 +385,16 @@ def test_importable_and_usable_without_torch():
 
 def test_explain_renders_codes_fixes_and_split(pre):
     v = pre.verdict("extend", extend_lens=[4096] * 3, rids=["p1", "p2", "p3"])
-    text = validator.explain(v.report)
+    text = validate_batch.explain(v.report)
     assert text.startswith("batch is ILLEGAL")
     assert "FMLA001" in text and "SGL001" in text and "fix:" in text
     assert "step 1: p1, p2" in text and "step 2: p3" in text
-    chunked = validator.explain(pre.verdict("extend", extend_lens=[12000], rids=["long"]).report)
+    chunked = validate_batch.explain(pre.verdict("extend", extend_lens=[12000], rids=["long"]).report)
     assert f"long[0:{LIMIT}]" in chunked and f"long[{LIMIT}:12000]" in chunked
 
 
 def test_verdict_and_check_accept_batches_and_documents(pre):
-    from validator.batch import batch_from_dict
+    from validate_batch.inputs.batch import batch_from_dict
 
     doc = {"engine": PRE, "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": LIMIT + 1}]}
     b = batch_from_dict(doc)
@@ -413,11 +413,11 @@ def test_verdict_and_check_accept_batches_and_documents(pre):
 def test_step_plans_equal_planning_each_call_from_scratch(gpu, kernel, h_q, extra):
     # The per-step path reuses a call shape's implementation and partitions; planning the same call
     # from scratch must give the same plan.
-    from validator.flashmla.calls import DecodeCall
-    from validator.flashmla.plan import plan
-    from validator.knowledge import resolve_gpu
-    from validator.profiles.dsv4 import _shape_plan
-    from validator.profiles.dsv4 import step_plan as _decode_plan
+    from validate_batch.flashmla.calls import DecodeCall
+    from validate_batch.flashmla.plan import plan
+    from validate_batch.facts.knowledge import resolve_gpu
+    from validate_batch.engines.dsv4 import _shape_plan
+    from validate_batch.engines.dsv4 import step_plan as _decode_plan
 
     g = resolve_gpu(gpu)
     rng = np.random.default_rng(7)

@@ -10,9 +10,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from validator import Checker, check
-from validator.cli import app
-from validator.errors import InputError
+from validate_batch import Checker, check
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
 
 LIMIT = (232448 - 4) // 20          # 11622 rows on FlashMLA 9241ae3, H200
 ENGINE = "sglang-dsv4@pre-25418"    # every forward reaches the decode kernel

@@ -10,9 +10,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import validator
-from validator.cli import app
-from validator.formats import gh_data, gh_property
+import validate_batch
+from validate_batch.cli.main import app
+from validate_batch.output.formats import gh_data, gh_property
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = ROOT / "fixtures" / "batches"
@@ -35,7 +35,7 @@ def _load(path: Path):
 
 def fixture_verdicts() -> dict[str, bool]:
     """Each fixture batch's legality by the Python API (not by the CLI under test)."""
-    return {str(p): validator.check(_load(p)).legal for p in sorted(BATCHES.iterdir())
+    return {str(p): validate_batch.check(_load(p)).legal for p in sorted(BATCHES.iterdir())
             if p.suffix in (".yaml", ".yml", ".json")}
 
 
@@ -171,7 +171,7 @@ def test_sarif_rules_and_results():
     for x in rules:
         assert x["shortDescription"]["text"] == catalog[x["id"]]["title"]
         assert x["fullDescription"]["text"] and "helpUri" not in x
-    n_findings = sum(len(validator.check(_load(p)).findings) for p in sorted(BATCHES.iterdir()))
+    n_findings = sum(len(validate_batch.check(_load(p)).findings) for p in sorted(BATCHES.iterdir()))
     assert len(run["results"]) == n_findings
     for res in run["results"]:
         assert res["ruleId"] in ids and res["level"] in ("error", "warning", "note")
@@ -199,7 +199,7 @@ def test_single_file_formats(tmp_path):
 
 def test_select_ignore(tmp_path):
     f = BATCHES / "dsv4-1x12000.json"
-    assert not validator.check(_load(f)).legal
+    assert not validate_batch.check(_load(f)).legal
     assert invoke(["check", f, "--ignore", "FMLA001,SGL"]).exit_code == 0
     d = json.loads(invoke(["check", f, "--select", "SGL", "--json"]).stdout)
     assert d["findings"] and all(x["code"].startswith("SGL") for x in d["findings"])
@@ -213,7 +213,7 @@ def test_statistics():
     d = json.loads(invoke(["check", BATCHES, "--json", "--statistics"]).stdout)
     expect: dict = {}
     for p in verdicts:
-        for x in validator.check(_load(Path(p))).findings:
+        for x in validate_batch.check(_load(Path(p))).findings:
             expect[x.code] = expect.get(x.code, 0) + 1
     assert d["statistics"] == expect
     r = invoke(["check", BATCHES, "--statistics"])
@@ -379,9 +379,9 @@ def test_shell_completion_is_offered():
 
 
 def test_metadata_select_ignore_statistics():
-    from validator.api import check_calls
-    from validator.inputs import load_documents
-    from validator.session import split_device_header
+    from validate_batch.api import check_calls
+    from validate_batch.inputs.documents import load_documents
+    from validate_batch.cli.session import split_device_header
 
     path = ORACLE / "flashmla_h200_probes.jsonl"
     docs, g = split_device_header(load_documents(str(path)), None)

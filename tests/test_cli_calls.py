@@ -13,7 +13,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from validator.cli import app
+from validate_batch.cli.main import app
 
 WIDE = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -164,7 +164,7 @@ FMLA_CODES = [f"FMLA{i:03d}" for i in range(1, 15)]
 
 
 def _all_codes() -> list[str]:
-    from validator.registry import all_rules
+    from validate_batch.legality.registry import all_rules
 
     return [r.code for r in all_rules()]
 
@@ -311,7 +311,7 @@ def test_subprocess_bad_input_no_traceback_no_hang():
     """The installed entry point, in a child process with a timeout."""
     cases = [(_bad(b=10**9), "b"), ("{not json", "JSON"), (_bad(topk_length=[1, 2, 3]), "topk_length")]
     for text, needle in cases:
-        proc = subprocess.run([sys.executable, "-m", "validator.cli", "check", "-"], input=text,
+        proc = subprocess.run([sys.executable, "-m", "validate_batch.cli.main", "check", "-"], input=text,
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 2, proc.stderr
         assert proc.stdout == ""
@@ -332,7 +332,7 @@ def test_help_shows_examples(command):
 
 
 def _docstring_examples() -> list[tuple[str, list[str], str | None]]:
-    from validator.cli import app as typer_app
+    from validate_batch.cli.main import app as typer_app
 
     out = []
     for cmd in typer_app.registered_commands:
@@ -362,7 +362,7 @@ def test_help_examples_were_found():
 
 
 def test_version_says_which_implementation_runs(monkeypatch):
-    from validator import _accel
+    from validate_batch import _accel
 
     r = invoke(["--version"])
     assert r.exit_code == 0 and r.stdout.startswith("validate-batch ")

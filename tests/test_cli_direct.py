@@ -1,4 +1,4 @@
-"""The command line's direct path (``validator.cli.direct_call``: the common forms of ``check`` and
+"""The command line's direct path (``validate_batch.cli.main.direct_call``: the common forms of ``check`` and
 ``metadata`` run without typer's parsing) against typer's own parsing of the same words: the same
 stdout, stderr and exit code, in fresh interpreters (as the console script runs)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from validator import cli
+from validate_batch.cli import main as cli
 
 ROOT = Path(__file__).resolve().parent.parent
 ORACLE = str(ROOT / "fixtures" / "oracle" / "flashmla_h200_cases.jsonl")
@@ -38,8 +38,8 @@ def _run(code: str, argv: list[str], stdin: str | None):
 @pytest.mark.parametrize("argv,stdin", CASES, ids=[" ".join(a[:3]) for a, _ in CASES])
 def test_direct_path_equals_typer(argv, stdin):
     assert cli.direct_call(argv) is not None, "this form takes the direct path"
-    direct = _run("from validator.cli import main; main()", argv, stdin)
-    typer_path = _run("from validator.cli import app; app()", argv, stdin)
+    direct = _run("from validate_batch.cli.main import main; main()", argv, stdin)
+    typer_path = _run("from validate_batch.cli.main import app; app()", argv, stdin)
     assert direct == typer_path
     assert direct[0] in (0, 1, 2)
 

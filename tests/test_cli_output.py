@@ -13,10 +13,10 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from validator import output as output_mod
-from validator.cli import app, main
-from validator.errors import InputError
-from validator.output import EXIT_BAD_INPUT, EXIT_INTERNAL, Output
+from validate_batch.output import writer as output_mod
+from validate_batch.cli.main import app, main
+from validate_batch.errors import InputError
+from validate_batch.output.writer import EXIT_BAD_INPUT, EXIT_INTERNAL, Output
 
 WIDE = {"COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
 ILLEGAL = json.dumps({"kind": "sparse", "b": 11623, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128})
@@ -30,9 +30,9 @@ def _boom(*_args, **_kwargs):
 @pytest.fixture
 def broken_check(monkeypatch):
     """``check FILE`` raises an unexpected exception inside the pipeline."""
-    import validator.cli
+    import validate_batch.cli.main
 
-    monkeypatch.setattr(validator.cli, "check_documents", _boom)
+    monkeypatch.setattr(validate_batch.cli.main, "check_documents", _boom)
     monkeypatch.delenv(output_mod.DEBUG_ENV, raising=False)
 
 
@@ -76,10 +76,10 @@ def test_codes_other_than_internal_pass_through_main(capsys, monkeypatch, tmp_pa
 
 
 def test_internal_error_from_the_console_script_process():
-    script = ("import validator.session as s\n"
+    script = ("import validate_batch.cli.session as s\n"
               "def boom(*a, **k):\n    raise KeyError('plans')\n"
               "s.check_documents = boom\n"
-              "from validator.cli import main\nmain()\n")
+              "from validate_batch.cli.main import main\nmain()\n")
     env = {k: v for k, v in __import__("os").environ.items() if k != output_mod.DEBUG_ENV}
     r = subprocess.run([sys.executable, "-c", script, "check", "batch.json"], capture_output=True, text=True,
                        env=env, timeout=120)
@@ -90,7 +90,7 @@ def test_internal_error_from_the_console_script_process():
 
 
 def test_exit_codes_are_distinct():
-    from validator import cli, cli_bisect, cli_kernel
+    from validate_batch.cli import main as cli, bisect_cmd as cli_bisect, kernel_cmd as cli_kernel
 
     assert (cli.EXIT_LEGAL, cli.EXIT_ILLEGAL, cli.EXIT_BAD_INPUT, cli.EXIT_UNAVAILABLE, cli.EXIT_INTERNAL) == (0, 1, 2, 3, 4)
     assert cli_kernel.EXIT_BAD_INPUT == cli_bisect.EXIT_BAD_INPUT == EXIT_BAD_INPUT

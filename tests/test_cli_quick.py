@@ -3,7 +3,7 @@ import json
 
 from typer.testing import CliRunner
 
-from validator.cli import app
+from validate_batch.cli.main import app
 
 runner = CliRunner()
 LIMIT = (232448 - 4) // 20

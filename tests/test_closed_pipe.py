@@ -12,7 +12,7 @@ ORACLE = Path(__file__).resolve().parent.parent / "fixtures" / "oracle" / "flash
 
 @pytest.mark.skipif(not hasattr(signal, "SIGPIPE"), reason="no SIGPIPE on this platform")
 def test_metadata_into_a_closed_pipe():
-    cmd = [sys.executable, "-c", "from validator.cli import main; main()", "metadata", str(ORACLE), "--json"]
+    cmd = [sys.executable, "-c", "from validate_batch.cli.main import main; main()", "metadata", str(ORACLE), "--json"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.read(100)          # read a little, then close: the rest of the output has no reader
     proc.stdout.close()

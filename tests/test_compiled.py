@@ -12,8 +12,8 @@ import sysconfig
 import numpy as np
 import pytest
 
-from validator import _accel
-from validator.flashmla.schedule import _walk_prefix, block_counts, schedule_reference
+from validate_batch import _accel
+from validate_batch.flashmla.schedule import _walk_prefix, block_counts, schedule_reference
 
 compiled = _accel.compiled
 needs_compiled = pytest.mark.skipif(compiled is None, reason=f"compiled helpers {_accel.reason}")
@@ -36,7 +36,7 @@ def test_built_wherever_a_c_compiler_is():
 
 
 def test_environment_variable_turns_them_off():
-    code = "from validator import _accel; print(_accel.compiled is None, _accel.status())"
+    code = "from validate_batch import _accel; print(_accel.compiled is None, _accel.status())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "VALIDATE_BATCH_PURE_PYTHON": "1"}).stdout
     assert out.startswith("True pure Python (turned off by VALIDATE_BATCH_PURE_PYTHON)")
@@ -197,7 +197,7 @@ def test_int_column_arguments():
 
 @needs_compiled
 def test_schedules_from_any_integer_input_equal_the_reference():
-    from validator.flashmla.schedule import schedule_fast
+    from validate_batch.flashmla.schedule import schedule_fast
 
     s = np.arange(0, 4000, 7, dtype=np.int64)
     ref = schedule_reference(s, 33, 5)

@@ -8,10 +8,10 @@ from importlib import resources
 
 import pytest
 
-import validator.ingest.recognisers as recognisers
-from validator.ingest.crash_lines import classify_error, site_patterns
-from validator.ingest.scan import scan_lines
-from validator.knowledge import load
+import validate_batch.ingest.recognisers as recognisers
+from validate_batch.ingest.crash_lines import classify_error, site_patterns
+from validate_batch.ingest.scan import scan_lines
+from validate_batch.facts.knowledge import load
 
 KIND_OF_PART = [("sched_smem", "flashmla_sched"), ("combine", "flashmla_combine")]
 

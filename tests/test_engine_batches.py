@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import validator
-from validator.cli import app
-from validator.errors import InputError
+import validate_batch
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
 
 ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT / "fixtures" / "batches"
@@ -110,7 +110,7 @@ def test_large_prefill_is_routed_to_sparse_prefill_when_the_version_has_routing(
 def test_decode_forward_rows_at_the_limit(rows, legal):
     doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "decode",
            "requests": [{"id": f"r{i}", "seq_len": 100 + i} for i in range(rows)]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert rep.legal is legal
     if not legal:
         assert {"FMLA001", "SGL001"} <= set(rep.codes)
@@ -121,7 +121,7 @@ def test_target_verify_rows_are_batch_times_draft_tokens_and_never_routed(bs, dr
     doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "target_verify",
            "server_args": {"speculative_num_draft_tokens": draft},
            "requests": [{"id": f"r{i}", "seq_len": 500} for i in range(bs)]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert rep.context["query_rows"] == bs * draft
     assert rep.legal is (bs * draft <= LIMIT)
     assert rep.context["routing"]["routed"] is False
@@ -131,14 +131,14 @@ def test_target_verify_rows_are_batch_times_draft_tokens_and_never_routed(bs, dr
 def test_routing_threshold_edges(rows):
     doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "extend",
            "requests": [{"id": "p", "extend_tokens": rows}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert rep.legal is (rows > ROUTING_THRESHOLD)
 
 
 def test_version_numbers_map_to_routing_behaviour():
     base = {"gpu": "H200", "forward_mode": "extend", "requests": [{"id": "p", "extend_tokens": 12288}]}
-    assert validator.check({**base, "engine": "sglang-dsv4@0.5.10"}).legal is False
-    assert validator.check({**base, "engine": "sglang-dsv4@0.5.23"}).legal is True
+    assert validate_batch.check({**base, "engine": "sglang-dsv4@0.5.10"}).legal is False
+    assert validate_batch.check({**base, "engine": "sglang-dsv4@0.5.23"}).legal is True
 
 
 def test_other_gpu_profiles_change_the_limit():
@@ -147,9 +147,9 @@ def test_other_gpu_profiles_change_the_limit():
     lim = (H200_SMEM // 2 - 4) // 20
     doc = {"engine": "sglang-dsv4@pre-25418", "forward_mode": "extend",
            "requests": [{"id": "p", "extend_tokens": lim + 1}]}
-    assert validator.check({**doc, "gpu": "B200"}).legal is True
-    assert validator.check({**doc, "gpu": half}).legal is False
-    assert validator.check({**doc, "gpu": half, "requests": [{"id": "p", "extend_tokens": lim}]}).legal is True
+    assert validate_batch.check({**doc, "gpu": "B200"}).legal is True
+    assert validate_batch.check({**doc, "gpu": half}).legal is False
+    assert validate_batch.check({**doc, "gpu": half, "requests": [{"id": "p", "extend_tokens": lim}]}).legal is True
 
 
 # ------------------------------------------------------------------ seed crash 2 (PD decode slots)
@@ -179,7 +179,7 @@ def test_default_extra_slots(r_total, dp, dp_attn, expect_e):
            "server_args": {"max_running_requests": r_total, "dp_size": dp, "enable_dp_attention": dp_attn,
                            "disaggregation_mode": "decode"},
            "requests": [{"id": "a", "seq_len": 10, "req_pool_idx": 1}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     R = r_total // (dp if dp_attn else 1)
     assert rep.context["slots"]["extra_slots"] == expect_e
     assert rep.context["slots"]["table_rows"] == R + expect_e + 1
@@ -192,7 +192,7 @@ def test_draft_tail_rows_at_the_limit(slot, ok):
            "server_args": {"max_running_requests": 32, "disaggregation_mode": "decode",
                            "disaggregation_decode_extra_slots": 64, "speculative_num_draft_tokens": 4},
            "requests": [{"id": "a", "seq_len": 10, "req_pool_idx": slot}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert ("SLOT002" in {f.code for f in rep.errors}) is (not ok)
 
 
@@ -202,7 +202,7 @@ def test_slot_beyond_the_table(slot, ok):
            "server_args": {"max_running_requests": 32, "disaggregation_mode": "decode",
                            "disaggregation_decode_extra_slots": 64},
            "requests": [{"id": "a", "seq_len": 10, "req_pool_idx": slot}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert ("SLOT001" in {f.code for f in rep.errors}) is (not ok)
 
 
@@ -212,7 +212,7 @@ def test_per_dp_buffer_indexed_by_global_slot():
            "buffers": [{"name": "mamba slot mapping", "rows_from": "running_limit_total", "plus": 0, "indexed_by": "global_slot"},
                        {"name": "mamba per-DP mapping", "rows": 32, "indexed_by": "global_slot"}],
            "requests": [{"id": "a", "seq_len": 10, "req_pool_idx": 32}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     f = [f for f in rep.errors if f.code == "SLOT004"]
     assert len(f) == 1 and f[0].numbers["buffer_rows"] == 32 and f[0].numbers["slot"] == 32
 
@@ -221,7 +221,7 @@ def test_tail_width_must_cover_draft_tokens():
     doc = {"engine": "sglang-slots", "forward_mode": "decode", "model": {"index_kpool": 64, "tail_extra_slots": 0},
            "server_args": {"max_running_requests": 8, "speculative_num_draft_tokens": 4},
            "requests": [{"id": "a", "seq_len": 10, "req_pool_idx": 1}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     f = [f for f in rep.errors if f.code == "SLOT003"]
     assert f and f[0].numbers["required_width"] == 64 + 4 and f[0].numbers["width"] == 64
 
@@ -256,7 +256,7 @@ def test_split_is_minimal_against_brute_force(seed):
     tokens = [rng.randint(1, 120) for _ in range(n)]
     doc = {"engine": "sglang-dsv4@pre-25418", "gpu": {"num_sms": 132, "cc": [9, 0], "smem_optin": smem},
            "forward_mode": "extend", "requests": [{"id": f"r{i}", "extend_tokens": t} for i, t in enumerate(tokens)]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert rep.legal is (sum(tokens) <= L)
     if rep.legal:
         return
@@ -269,7 +269,7 @@ def test_split_is_minimal_against_brute_force(seed):
         assert [i for st in sp.steps for i in st] == [f"r{i}" for i in range(n)]
         for st in sp.steps:  # every step is legal when checked on its own
             sub = {**doc, "requests": [r for r in doc["requests"] if r["id"] in st]}
-            assert validator.check(sub).legal
+            assert validate_batch.check(sub).legal
     assert sp.num_chunked_steps == math.ceil(sum(tokens) / L)
 
 
@@ -278,11 +278,11 @@ def test_split_handles_the_non_monotone_routing_gap():
     doc = {"engine": "sglang-dsv4@post-25418", "kernel_build": "flashmla-9241ae3", "gpu": "H200", "forward_mode": "extend",
            "requests": [{"id": "a", "extend_tokens": 11000}, {"id": "b", "extend_tokens": 650},
                         {"id": "c", "extend_tokens": 50}]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert rep.legal is True  # 11700 > 11673: routed
     doc["requests"][2]["extend_tokens"] = 0
     doc["requests"] = doc["requests"][:2]
-    rep = validator.check(doc)  # 11650: inside the gap
+    rep = validate_batch.check(doc)  # 11650: inside the gap
     assert rep.legal is False and rep.safe_split.num_steps == 2
 
 
@@ -312,7 +312,7 @@ def test_bad_batches_name_the_field(mutate, field):
            "requests": [{"id": "a", "extend_tokens": 10}]}
     mutate(doc)
     with pytest.raises(InputError) as ei:
-        validator.check(doc)
+        validate_batch.check(doc)
     assert ei.value.field == field
 
 
@@ -328,13 +328,13 @@ def test_bad_batch_on_the_cli_is_one_line_exit_2(tmp_path):
 def test_verify_without_draft_tokens_is_an_input_error():
     doc = {"engine": "sglang-dsv4", "forward_mode": "target_verify", "requests": [{"id": "a", "seq_len": 5}]}
     with pytest.raises(InputError) as ei:
-        validator.check(doc)
+        validate_batch.check(doc)
     assert ei.value.field == "server_args.speculative_num_draft_tokens"
 
 
 def test_assert_legal_raises_with_findings_and_split():
     doc = json.loads((FIX / "dsv4-1x12000.json").read_text())
-    with pytest.raises(validator.BatchIllegalError) as ei:
-        validator.assert_legal(doc)
+    with pytest.raises(validate_batch.BatchIllegalError) as ei:
+        validate_batch.assert_legal(doc)
     assert any(f.code == "FMLA001" for f in ei.value.findings)
     assert ei.value.safe_split.num_chunked_steps == 2

@@ -10,9 +10,10 @@ import random
 import numpy as np
 import pytest
 
-from validator import Checker, InputError, _accel, fields
-from validator import batch as batch_mod
-from validator.flashmla import calls
+from validate_batch import Checker, InputError, _accel
+from validate_batch.facts import fields
+from validate_batch.inputs import batch as batch_mod
+from validate_batch.flashmla import calls
 
 COMPILED = _accel.compiled
 IMPLS = ["pure"] + (["compiled"] if COMPILED is not None else [])
@@ -203,7 +204,7 @@ def _tree(rng: random.Random, depth: int = 0):
 
 
 def test_tree_limits_fast_paths_equal_the_value_by_value_walk(monkeypatch):
-    from validator import limits
+    from validate_batch.facts import limits
     rng = random.Random(13)
 
     def outcome(tree, nodes, depth):
@@ -226,7 +227,8 @@ def test_tree_limits_fast_paths_equal_the_value_by_value_walk(monkeypatch):
 def test_json_without_the_integer_hook_reads_the_same(monkeypatch):
     import json
 
-    from validator import inputs, limits
+    from validate_batch.inputs import documents as inputs
+    from validate_batch.facts import limits
     rng = random.Random(17)
     digits = limits.MAX_DOCUMENT_INT_DIGITS
     for _ in range(300):
@@ -248,7 +250,7 @@ def test_json_without_the_integer_hook_reads_the_same(monkeypatch):
 def test_first_snap_equals_the_residue_walk():
     """The period's first snapping partition by jumps (one per wrap) against the walk k = 1, 2, ...
     over the residues k * step mod w, written here."""
-    from validator.flashmla.schedule import _first_snap
+    from validate_batch.flashmla.schedule import _first_snap
 
     def walk(step, w, lo, kmax):
         for k in range(1, kmax + 1):
@@ -278,7 +280,7 @@ def test_min_max_of_short_and_long_arrays():
 def test_xml_escaping_equals_the_standard_library():
     from xml.sax.saxutils import escape, quoteattr
 
-    from validator import formats
+    from validate_batch.output import formats
     rng = random.Random(29)
     for _ in range(5000):
         s = "".join(rng.choice("ab&<>\"'\n\r\t é") for _ in range(rng.randint(0, 14)))
@@ -287,7 +289,8 @@ def test_xml_escaping_equals_the_standard_library():
 
 
 def test_long_digit_runs_are_found_wherever_they_are():
-    from validator import inputs, limits
+    from validate_batch.inputs import documents as inputs
+    from validate_batch.facts import limits
     d = limits.MAX_DOCUMENT_INT_DIGITS
     for before, after in (("", ""), ("[", "]"), ("x", ","), ("-", ""), ("1.", "e5")):
         assert inputs._LONG_DIGITS.search(before + "7" * (d + 1) + after) is not None

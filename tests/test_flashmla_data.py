@@ -12,12 +12,12 @@ import importlib
 import numpy as np
 import pytest
 
-from validator import knowledge
-from validator.api import check_calls
-from validator.flashmla.plan import plan
-from validator.kernel import providers, torch_backend
-from validator.kernel.outcome import RunResult
-from validator.kernel.runner import ChildSpec
+from validate_batch.facts import knowledge
+from validate_batch.api import check_calls
+from validate_batch.flashmla.plan import plan
+from validate_batch.kernel_mode import providers, torch_backend
+from validate_batch.kernel_mode.outcome import RunResult
+from validate_batch.kernel_mode.runner import ChildSpec
 
 DEFAULT = "flashmla-9241ae3"
 OCT2025 = "flashmla-1408756"
@@ -48,9 +48,9 @@ def impl_row(raw: dict, name: str, gen: str = DEFAULT) -> dict:
     return next(r for r in gen_of(raw, gen)["implementations"] if r["name"] == name)
 
 
-def codes(rec: dict, code: str, gpu="H200", kernel=None):
+def codes(rec: dict, code: str, gpu="H200", build=None):
     _clear()                      # generation() is cached; read the data as the test left it
-    return [f for f in check_calls([rec], gpu, kernel).findings if f.code == code]
+    return [f for f in check_calls([rec], gpu, build).findings if f.code == code]
 
 
 def plan_of(rec: dict, gpu="H200"):
@@ -87,7 +87,7 @@ def test_a_generation_key_replaces_the_shared_one(data):
     """topk_block 128 for the Oct 2025 build only: topk 192 is then misaligned there and nowhere else."""
     gen_of(data, OCT2025)["topk_block"] = 128
     assert codes(sparse(topk=192), "FMLA004") == []
-    [f] = codes(sparse(topk=192), "FMLA004", kernel=OCT2025)
+    [f] = codes(sparse(topk=192), "FMLA004", build=OCT2025)
     assert f.numbers["multiple"] == 128 and "pad indices to topk=256" in f.fix
 
 
@@ -310,7 +310,7 @@ def test_kernel_detection_archs_are_the_implementations(data, monkeypatch):
 
 def test_kernel_inputs_use_the_layout_bytes_per_token(data, monkeypatch):
     torch = pytest.importorskip("torch")
-    from validator.flashmla.calls import call_from_record
+    from validate_batch.flashmla.calls import call_from_record
     call = call_from_record(sparse(b=1))
     assert torch_backend.build_sparse_inputs(torch, call, "cpu")["k_cache"].shape[-1] == 584
     data["shared"]["kv_layouts"]["512"]["bytes_per_token"] = 600

@@ -1,4 +1,4 @@
-"""The size-formula language of the data files (validator/formula.py): precedence, functions,
+"""The size-formula language of the data files (validator/facts/formula.py): precedence, functions,
 refusals, vectorised evaluation and the inverse (largest b within a limit).
 
 Expected values are written out here by hand or computed by a brute-force scan; never read from
@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from validator.formula import FormulaError, parse
+from validate_batch.facts.formula import FormulaError, parse
 
 
 @pytest.mark.parametrize("text, values, expected", [

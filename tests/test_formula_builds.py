@@ -14,13 +14,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from validator import knowledge
-from validator.api import check_calls
-from validator.bisect import BisectChecker, find_boundary
-from validator.cli import app
-from validator.flashmla.plan import plan
-from validator.guard import Checker
-from validator.legality_map import Source, legality_map
+from validate_batch.facts import knowledge
+from validate_batch.api import check_calls
+from validate_batch.bisect import BisectChecker, find_boundary
+from validate_batch.cli.main import app
+from validate_batch.flashmla.plan import plan
+from validate_batch.guard.checker import Checker
+from validate_batch.legality.maps import Source, legality_map
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "rules" / "examples" / "dsv4-prefill-3x4096.yaml"
 NAME = "flashmla-quadratic-test"
@@ -98,7 +98,7 @@ def test_bisect_boundary(quadratic_build):
 
 
 def test_checker_bounds_and_verdicts(quadratic_build):
-    c = Checker(engine="sglang-dsv4@pre-25418", gpu="H200", kernel=NAME)
+    c = Checker(engine="sglang-dsv4@pre-25418", gpu="H200", build=NAME)
     assert c.max_rows == LIMIT
     assert c.verdict(engine_doc(LIMIT)).legal and not c.verdict(engine_doc(LIMIT + 1)).legal
 

@@ -7,7 +7,7 @@ Sizes here are arithmetic: --max-running-requests 64 over 2 attention-DP ranks =
 """
 import pytest
 
-from validator import check
+from validate_batch import check
 
 SA = {"max_running_requests": 64, "dp_size": 2, "enable_dp_attention": True}
 PER_RANK = 64 // 2

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from validator import inputs
-from validator.cli import app
-from validator.errors import InputError
+from validate_batch.inputs import documents as inputs
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
 
 BIG = "9" * 5000
 # Not a speed target (bench/ measures those): a bound that tells "refused at once" from the
@@ -190,7 +190,7 @@ def test_bisect_reads_a_pipe_without_seeking(tmp_path):
     os.write(w_fd, log.encode())
     os.close(w_fd)
     try:
-        r = subprocess.run([sys.executable, "-m", "validator.cli", "bisect", f"/dev/fd/{r_fd}"], pass_fds=(r_fd,),
+        r = subprocess.run([sys.executable, "-m", "validate_batch.cli.main", "bisect", f"/dev/fd/{r_fd}"], pass_fds=(r_fd,),
                            capture_output=True, text=True, timeout=60)
     finally:
         os.close(r_fd)
@@ -274,7 +274,7 @@ def test_fuzz_log_lines(lines):
 
 def test_an_unbalanced_vllm_dump_is_scanned_once():
     # a dump whose brackets never close: every line used to re-scan the whole buffer (quadratic)
-    from validator.ingest.scan import scan_lines
+    from validate_batch.ingest.scan import scan_lines
 
     lines = ["Dumping scheduler output:", "SchedulerOutput(scheduled_new_reqs=["] + ["((( " + "x" * 40] * 10000
     t0 = time.monotonic()

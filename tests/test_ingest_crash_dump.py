@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from validator.errors import InputError
-from validator.ingest.crash_dump import (
+from validate_batch.errors import InputError
+from validate_batch.ingest.crash_dump import (
     RestrictedUnpickler,
     StandIn,
     UnsafePickleError,
@@ -72,7 +72,7 @@ def test_malicious_pickles_run_nothing(tmp_path, name):
 def test_malicious_dump_through_the_cli_exits_2_and_runs_nothing(tmp_path):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     marker = tmp_path / "PWNED"
     p = tmp_path / "crash_dump.pkl"

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from validator.errors import InputError
-from validator.ingest import build_config
-from validator.ingest.launch import EngineConfig, parse_launch, parse_server_arg_overrides, server_args_from_line
-from validator.ingest.scan import scan_lines
+from validate_batch.errors import InputError
+from validate_batch.ingest import build_config
+from validate_batch.ingest.launch import EngineConfig, parse_launch, parse_server_arg_overrides, server_args_from_line
+from validate_batch.ingest.scan import scan_lines
 
 
 def test_launch_server_flags():

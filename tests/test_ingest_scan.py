@@ -6,9 +6,9 @@ import tracemalloc
 
 import pytest
 
-from validator.errors import InputError
-from validator.ingest.crash_lines import classify_error
-from validator.ingest.scan import MAX_LINE, scan_file, scan_lines
+from validate_batch.errors import InputError
+from validate_batch.ingest.crash_lines import classify_error
+from validate_batch.ingest.scan import MAX_LINE, scan_file, scan_lines
 
 
 def _write_log(path, n_lines: int) -> None:

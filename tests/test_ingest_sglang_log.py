@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from validator.ingest.scan import scan_lines
-from validator.ingest.sglang_log import (
+from validate_batch.ingest.scan import scan_lines
+from validate_batch.ingest.sglang_log import (
     LineParseError,
     after_forward_for_version,
     parse_batch_line,
@@ -150,7 +150,7 @@ def test_version_decides_print_order(text, after):
 
 
 def test_bad_version_names_the_flag():
-    from validator.errors import InputError
+    from validate_batch.errors import InputError
 
     with pytest.raises(InputError, match="--sglang-version"):
         parse_version("latest-ish")

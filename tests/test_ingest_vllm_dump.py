@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from validator.errors import InputError
-from validator.ingest.scan import scan_lines
-from validator.ingest.vllm_dump import parse_scheduler_output
+from validate_batch.errors import InputError
+from validate_batch.ingest.scan import scan_lines
+from validate_batch.ingest.vllm_dump import parse_scheduler_output
 
 NEW_STYLE = (
     "(EngineCore_DP1 pid=88) ERROR 06-01 10:00:00 [dump_input.py:79] Dumping scheduler output for model execution: "

@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from validator.errors import InputError
-from validator.flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record, calls_from_records, int_vector
-from validator.inputs import is_device_header, parse_documents
-from validator.knowledge import gpu_from_fields, resolve_gpu
+from validate_batch.errors import InputError
+from validate_batch.flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record, calls_from_records, int_vector
+from validate_batch.inputs.documents import is_device_header, parse_documents
+from validate_batch.facts.knowledge import gpu_from_fields, resolve_gpu
 
 SPARSE = {"kind": "sparse", "b": 3, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
 

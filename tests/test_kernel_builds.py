@@ -10,12 +10,12 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import validator.kernel.builds as builds
-import validator.kernel.env as envmod
-import validator.kernel.providers as prov
-from validator.cli import app
-from validator.kernel.builds import Dist, build_name
-from validator.kernel.providers import Provider
+import validate_batch.kernel_mode.builds as builds
+import validate_batch.kernel_mode.env as envmod
+import validate_batch.kernel_mode.providers as prov
+from validate_batch.cli.main import app
+from validate_batch.kernel_mode.builds import Dist, build_name
+from validate_batch.kernel_mode.providers import Provider
 
 SGLFM_FEATURES = frozenset({"indices", "topk_length", "extra_k_cache", "extra_indices", "extra_topk_length",
                             "is_fp8_kvcache", "use_legacy", "enable_batch_invariant"})
@@ -132,7 +132,7 @@ def test_env_imports_no_torch_in_this_process():
     import subprocess
     import sys
 
-    code = ("import sys, json\nfrom validator.kernel.env import environment\n"
+    code = ("import sys, json\nfrom validate_batch.kernel_mode.env import environment\n"
             "environment(check_gpu=False)\nprint(json.dumps('torch' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "false"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from validator.api import check_calls
-from validator.kernel.check import kernel_check_report
-from validator.kernel.outcome import RESULT_PREFIX, classify
-from validator.kernel.runner import CappedBuffer, ChildSpec, run_job
+from validate_batch.api import check_calls
+from validate_batch.kernel_mode.check import kernel_check_report
+from validate_batch.kernel_mode.outcome import RESULT_PREFIX, classify
+from validate_batch.kernel_mode.runner import CappedBuffer, ChildSpec, run_job
 
 MIB = 1 << 20
 SPARSE = {"kind": "sparse", "b": 8, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
@@ -317,7 +317,7 @@ def fake_torch(tmp_path: Path, source: str) -> Path:
 def test_probe_slot_with_a_broken_torch_is_unavailable(tmp_path, monkeypatch, source, needle):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     root = fake_torch(tmp_path, source)
     monkeypatch.setenv("PYTHONPATH", str(root))          # the child's torch; the parent imports none,
@@ -341,7 +341,7 @@ def test_probe_slot_with_a_broken_torch_is_unavailable(tmp_path, monkeypatch, so
 def test_check_reproduce_with_a_broken_torch_is_skipped(tmp_path, monkeypatch, source, needle):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     runner = CliRunner()
     plain = runner.invoke(app, ["check", "--example", "pd-decode-slot-96", "--json"])

@@ -22,7 +22,7 @@ PARALLEL = 4
 
 @lru_cache(maxsize=1)
 def _detection():
-    from validator.kernel.providers import detect
+    from validate_batch.kernel_mode.providers import detect
 
     return detect("auto", timeout=TIMEOUT_S)
 
@@ -58,8 +58,8 @@ def _oracle(name: str) -> list[dict]:
 
 
 def _run(records, max_parallel=PARALLEL):
-    from validator.api import check_calls
-    from validator.kernel.check import run_calls
+    from validate_batch.api import check_calls
+    from validate_batch.kernel_mode.check import run_calls
 
     report = check_calls(records, "H200")
     return run_calls(report.plans, _detection(), timeout=TIMEOUT_S, max_parallel=max_parallel)
@@ -87,7 +87,7 @@ def test_seed_calls(upstream_9241ae3):
 
 def test_oracle_cases_metadata_bit_for_bit(upstream_9241ae3):
     """Kernel metadata today equals what the oracle recorded (columns 0..6) and what the model says."""
-    from validator.kernel.check import diff_metadata
+    from validate_batch.kernel_mode.check import diff_metadata
 
     cases = [r for r in _oracle("flashmla_h200_cases.jsonl")[1:] if "tile_scheduler_metadata" in r]
     picked = cases[:: max(1, len(cases) // 16)][:16]
@@ -96,9 +96,9 @@ def test_oracle_cases_metadata_bit_for_bit(upstream_9241ae3):
         assert e["kernel"]["outcome"] == "ok", e
         assert e["metadata"]["identical"], e["metadata"]
     # The same kernel outputs against the oracle's recorded outputs (not the model's).
-    from validator.api import check_calls
-    from validator.kernel.check import job_for
-    from validator.kernel.runner import run_job
+    from validate_batch.api import check_calls
+    from validate_batch.kernel_mode.check import job_for
+    from validate_batch.kernel_mode.runner import run_job
 
     for rec in picked[:4]:
         call = check_calls([rec], "H200").plans[0].call
@@ -150,7 +150,7 @@ def test_sparse_prefill_probes(upstream_9241ae3):
 
 
 def test_slot_index_out_of_bounds_on_the_device(gpu_detection):
-    from validator.kernel.slots import probe_slot_index
+    from validate_batch.kernel_mode.slot_probe import probe_slot_index
 
     bad = probe_slot_index(33, 4, 96, "cuda", timeout=TIMEOUT_S)
     assert bad["available"] and bad["outcome"] in ("device_assert", "illegal_memory_access", "python_exception",
@@ -176,9 +176,9 @@ def test_sglfm_legacy_runs_past_the_upstream_limit_and_notes_the_fallback(sgl_fl
 
 
 def test_sglfm_current_kernels_on_sm90_are_inconclusive(sgl_flash_mla):
-    from validator.api import check_calls
-    from validator.kernel.check import job_for
-    from validator.kernel.runner import run_job
+    from validate_batch.api import check_calls
+    from validate_batch.kernel_mode.check import job_for
+    from validate_batch.kernel_mode.runner import run_job
 
     if sgl_flash_mla.device.get("cc", [0])[0] != 9:
         pytest.skip("the refusal is SM90's")

@@ -10,8 +10,8 @@ import signal
 import numpy as np
 import pytest
 
-from validator.kernel.check import ModelView, agreement, diff_metadata, failure_class, failure_matches
-from validator.kernel.outcome import (
+from validate_batch.kernel_mode.check import ModelView, agreement, diff_metadata, failure_class, failure_matches
+from validate_batch.kernel_mode.outcome import (
     PARTIAL_PREFIX,
     RESULT_PREFIX,
     STAGE_PREFIX,
@@ -19,7 +19,7 @@ from validator.kernel.outcome import (
     find_cuda_error,
     parse_child_stdout,
 )
-from validator.kernel.probe import (
+from validate_batch.kernel_mode.probe import (
     ModelScan,
     Probe,
     bisect,
@@ -28,7 +28,7 @@ from validator.kernel.probe import (
     spaced_points,
     template_record,
 )
-from validator.kernel.providers import Param, api_from_source, classify_api
+from validate_batch.kernel_mode.providers import Param, api_from_source, classify_api
 
 SCHED_LINE = ("CUDA error (/build/FlashMLA/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:111): "
               "invalid argument")
@@ -334,7 +334,7 @@ def test_non_monotonic_pairs_from_probes():
 
 def test_model_scan_of_oaccum_template_matches_probe_records():
     """The oracle measured b=4675 (s_q=8, h_q=128, topk=2048) failing at combine.cu:197."""
-    from validator.kernel.probe import model_verdicts
+    from validate_batch.kernel_mode.probe import model_verdicts
 
     tmpl = template_record('{"kind":"sparse","s_q":8,"h_q":128,"d_qk":512,"topk":2048}', "b")
     v = model_verdicts(tmpl, "b", [4675, 11622, 11623], "H200", None)
@@ -343,7 +343,7 @@ def test_model_scan_of_oaccum_template_matches_probe_records():
 
 
 def test_template_rejects_lists_and_unknown_fields():
-    from validator.errors import InputError
+    from validate_batch.errors import InputError
 
     with pytest.raises(InputError) as e:
         template_record('{"kind":"sparse","s_q":1,"h_q":64,"topk":128,"topk_length":[1]}', "b")
@@ -393,7 +393,7 @@ def test_failure_class_must_match_for_agreement():
 
 
 def test_failure_classes_named_in_catalog_text():
-    from validator.kernel.check import failure_classes
+    from validate_batch.kernel_mode.check import failure_classes
 
     assert failure_classes("process_crash for h_q outside {64, 128} (SIGSEGV); python_exception for d_qk") == \
         ("process_crash", "python_exception")
@@ -414,8 +414,8 @@ def test_fallback_warning_is_read_from_either_stream():
 def test_kernel_check_without_torch_exits_3(monkeypatch):
     from typer.testing import CliRunner
 
-    import validator.kernel.providers as prov
-    from validator.cli import app
+    import validate_batch.kernel_mode.providers as prov
+    from validate_batch.cli.main import app
 
     monkeypatch.setattr(prov, "torch_installed", lambda: False)
     r = CliRunner().invoke(app, ["kernel-check", "-"], input='{"kind":"sparse","b":8,"s_q":1,"h_q":64,"d_qk":512,"topk":128}')

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from validator.api import check_calls
-from validator.kernel.check import kernel_check_report
-from validator.kernel.runner import ChildSpec, run_job
+from validate_batch.api import check_calls
+from validate_batch.kernel_mode.check import kernel_check_report
+from validate_batch.kernel_mode.runner import ChildSpec, run_job
 
 SMEM_OPTIN_H200 = 232448
 MAX_ROWS_H200 = (SMEM_OPTIN_H200 - 4) // 20        # 4*(5b+1) bytes of scheduler shared memory -> 11622
@@ -29,7 +29,7 @@ import signal
 import sys
 import time
 
-from validator.kernel.protocol import Unavailable, Unsupported
+from validate_batch.kernel_mode.protocol import Unavailable, Unsupported
 
 SCHED = "/src/FlashMLA/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu"
 COMBINE = "/src/FlashMLA/csrc/smxx/decode/combine/combine.cu"
@@ -273,7 +273,7 @@ def test_report_verdicts_and_per_rule_agreement(standin):
     assert res["agreement"] is False
     from rich.console import Console
 
-    from validator.kernel.check import render_kernel_result
+    from validate_batch.kernel_mode.check import render_kernel_result
 
     con = Console(record=True, width=200)
     render_kernel_result(res, con)
@@ -283,7 +283,7 @@ def test_report_verdicts_and_per_rule_agreement(standin):
 
 
 def test_unavailable_without_provider_is_a_clear_dict(monkeypatch):
-    import validator.kernel.providers as prov
+    import validate_batch.kernel_mode.providers as prov
 
     monkeypatch.setattr(prov, "torch_installed", lambda: False)
     report = check_calls([SPARSE], "H200")
@@ -298,7 +298,7 @@ def test_unavailable_without_provider_is_a_clear_dict(monkeypatch):
 @pytest.mark.parametrize("mode,needle", [("no-cuda", "sees no CUDA GPU"), ("no-provider", "no usable FlashMLA provider"),
                                          ("no-torch", "torch is not importable")])
 def test_detection_failures_reported_by_child(standin, mode, needle):
-    from validator.kernel.providers import detect
+    from validate_batch.kernel_mode.providers import detect
 
     det = detect("auto", spec(standin, STANDIN_DETECT=mode), 30)
     assert det.available is False and needle in det.reason
@@ -307,7 +307,7 @@ def test_detection_failures_reported_by_child(standin, mode, needle):
 # ----------------------------------------------------------------------------- probe and slots
 
 def test_probe_finds_scheduler_limit_with_one_child_per_probe(standin):
-    from validator.kernel.probe import probe_boundary
+    from validate_batch.kernel_mode.probe import probe_boundary
 
     seen = []
     res = probe_boundary('{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128}', "b", 11000, 12288,
@@ -323,7 +323,7 @@ def test_probe_finds_scheduler_limit_with_one_child_per_probe(standin):
 
 
 def test_probe_reports_non_monotonic_measurements(standin):
-    from validator.kernel.probe import probe_boundary
+    from validate_batch.kernel_mode.probe import probe_boundary
 
     # The stand-in fails only at b = 4675..4678 (an island), like the o_accum limit's first illegal run.
     res = probe_boundary('{"kind":"sparse","s_q":8,"h_q":128,"d_qk":512,"topk":2048}', "b", 4600, 4800,
@@ -336,7 +336,7 @@ def test_probe_reports_non_monotonic_measurements(standin):
 
 
 def test_slot_probe_device_failure_next_to_cpu(standin):
-    from validator.kernel.slots import probe_slot_index
+    from validate_batch.kernel_mode.slot_probe import probe_slot_index
 
     res = probe_slot_index(33, 4, 96, "cuda", timeout=30, child=spec(standin))
     assert res["available"] and not res["in_bounds"]
@@ -349,8 +349,8 @@ def test_slot_probe_device_failure_next_to_cpu(standin):
 
 
 def test_slot_probe_rejects_bad_input():
-    from validator.errors import InputError
-    from validator.kernel.slots import probe_slot_index
+    from validate_batch.errors import InputError
+    from validate_batch.kernel_mode.slot_probe import probe_slot_index
 
     for kwargs, field in (({"rows": 0}, "rows"), ({"width": "2"}, "width"), ({"slot": 1.5}, "slot"),
                           ({"device": "tpu"}, "device")):
@@ -366,7 +366,7 @@ def test_slot_probe_rejects_bad_input():
 def test_cli_kernel_check_json_and_exit_codes(standin, tmp_path):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     f = tmp_path / "calls.jsonl"
     f.write_text("\n".join(json.dumps(r) for r in [
@@ -389,7 +389,7 @@ def test_cli_kernel_check_json_and_exit_codes(standin, tmp_path):
 def test_cli_probe_json_and_bad_template(standin):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     runner = CliRunner()
     args = ["probe", "-q", "b", "-t", '{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128}', "--lo", "11600",
@@ -405,8 +405,8 @@ def test_cli_probe_json_and_bad_template(standin):
 def test_cli_check_kernel_without_gpu_never_tracebacks(monkeypatch):
     from typer.testing import CliRunner
 
-    import validator.kernel.providers as prov
-    from validator.cli import app
+    import validate_batch.kernel_mode.providers as prov
+    from validate_batch.cli.main import app
 
     monkeypatch.setattr(prov, "find_providers", lambda names=prov.PROVIDER_NAMES: [])
     monkeypatch.setattr(prov, "torch_installed", lambda: True)
@@ -434,7 +434,7 @@ def test_architecture_refusal_is_inconclusive_never_agreement(standin):
     assert res["summary"]["status"] == "inconclusive" and res["agreement"] is False
     from rich.console import Console
 
-    from validator.kernel.check import render_kernel_result
+    from validate_batch.kernel_mode.check import render_kernel_result
 
     con = Console(record=True, width=200)
     render_kernel_result(res, con)
@@ -475,7 +475,7 @@ def test_partly_inconclusive_run_agrees_on_what_ran(standin):
 def test_cli_exit_codes_by_status(standin, tmp_path):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     f = tmp_path / "calls.jsonl"
     f.write_text(json.dumps({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}) + "\n")
@@ -493,7 +493,7 @@ def test_cli_exit_codes_by_status(standin, tmp_path):
 
 
 def test_check_kernel_exit_code_table():
-    from validator.cli_kernel import check_kernel_exit_code
+    from validate_batch.cli.kernel_cmd import check_kernel_exit_code
 
     agree = {"available": True, "status": "agree"}
     disagree = {"available": True, "status": "disagree"}
@@ -518,7 +518,7 @@ def test_sgl_flash_mla_build_and_default_use_legacy(standin):
 
 
 def test_probe_template_use_legacy_false_reaches_the_child(standin):
-    from validator.kernel.probe import probe_boundary
+    from validate_batch.kernel_mode.probe import probe_boundary
 
     res = probe_boundary('{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128,"use_legacy":false}', "b", 1, 64,
                          child=spec(standin, STANDIN_DETECT="sglfm"), timeout=30)
@@ -554,7 +554,7 @@ def test_kernel_check_reports_fallback(standin):
 def test_probe_no_row_limit_with_fallback_noted(standin):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     hi = 3 * SGLFM_FAST_PATH_ROWS
     args = ["probe", "-q", "b", "-t", '{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128}', "--lo", "1",

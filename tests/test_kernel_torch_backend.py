@@ -87,7 +87,7 @@ def _job(record, module, api):
 
 
 def test_sparse_model1_inputs_and_readback(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_fmla_current", CURRENT_API)
     rec = {"kind": "sparse", "b": 3, "s_q": 2, "h_q": 64, "d_qk": 512, "topk": 128, "page": 64,
@@ -109,7 +109,7 @@ def test_sparse_model1_inputs_and_readback(fake_provider):
 
 
 def test_sparse_v32_layout_is_656_bytes(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_fmla_current2", CURRENT_API)
     rec = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 128, "d_qk": 576, "topk": 64, "page": 256}
@@ -119,7 +119,7 @@ def test_sparse_v32_layout_is_656_bytes(fake_provider):
 
 
 def test_dense_block_table_covers_longest_sequence(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_fmla_current3", CURRENT_API)
     rec = {"kind": "dense", "b": 3, "s_q": 2, "h_q": 16, "seqlens": [10, 0, 129]}
@@ -134,7 +134,7 @@ def test_dense_block_table_covers_longest_sequence(fake_provider):
 
 
 def test_oct2025_api_metadata_before_the_call(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_fmla_oct", OCT2025_API)
     partials = []
@@ -148,8 +148,8 @@ def test_oct2025_api_metadata_before_the_call(fake_provider):
 
 
 def test_feature_missing_is_unsupported(fake_provider):
-    from validator.kernel import torch_backend as tb
-    from validator.kernel.protocol import Unsupported
+    from validate_batch.kernel_mode import torch_backend as tb
+    from validate_batch.kernel_mode.protocol import Unsupported
 
     fake_provider("fake_fmla_oct2", OCT2025_API)
     rec = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 576, "topk": 64, "topk_length": [1, 2]}
@@ -159,7 +159,7 @@ def test_feature_missing_is_unsupported(fake_provider):
 
 def test_live_detection_when_the_package_reexports_only_functions(tmp_path, monkeypatch):
     """Upstream's package __init__ exports the functions; FlashMLASchedMeta stays in the interface module."""
-    from validator.kernel.torch_backend import inspect_provider
+    from validate_batch.kernel_mode.torch_backend import inspect_provider
 
     pkg = tmp_path / "fake_fmla_pkg"
     pkg.mkdir()
@@ -172,7 +172,7 @@ def test_live_detection_when_the_package_reexports_only_functions(tmp_path, monk
 
 
 def test_live_signature_detection(fake_provider):
-    from validator.kernel.torch_backend import inspect_provider
+    from validate_batch.kernel_mode.torch_backend import inspect_provider
 
     fake_provider("fake_fmla_current4", CURRENT_API)
     fake_provider("fake_fmla_oct3", OCT2025_API)
@@ -184,7 +184,7 @@ def test_live_signature_detection(fake_provider):
 
 def test_cpu_slot_write_gives_torch_index_error():
     """Real torch on the CPU: the message the project's slot rules quote."""
-    from validator.kernel.slots import probe_slot_index
+    from validate_batch.kernel_mode.slot_probe import probe_slot_index
 
     res = probe_slot_index(33, 2, 96, "cpu", timeout=120)
     assert res["available"] and res["outcome"] == "python_exception" and res["error_type"] == "IndexError"
@@ -197,7 +197,7 @@ def test_cpu_slot_write_gives_torch_index_error():
     ("op_prefill", {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}, "prefill job needs a prefill call record"),
 ])
 def test_a_job_of_the_wrong_call_kind_is_unavailable(fake_provider, op, record, what):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     fake_provider("fake_fmla_kind", CURRENT_API)
     job = {"device": "cpu", "record": record, "provider": {"name": "fake_fmla_kind", "module": "fake_fmla_kind", "api": "sched_meta"}}
@@ -254,7 +254,7 @@ SPARSE_REC = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 512, "topk"
 
 
 def test_legacy_provider_gets_use_legacy_true_by_default(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_sglfm", LEGACY_API)
     partials = []
@@ -265,7 +265,7 @@ def test_legacy_provider_gets_use_legacy_true_by_default(fake_provider):
 
 
 def test_record_use_legacy_false_is_passed_as_is(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_sglfm2", LEGACY_API)
     job = _job(dict(SPARSE_REC, use_legacy=False), "fake_sglfm2", "sched_meta")
@@ -276,7 +276,7 @@ def test_record_use_legacy_false_is_passed_as_is(fake_provider):
 
 
 def test_prefill_entry_point_gets_use_legacy(fake_provider):
-    from validator.kernel import torch_backend as tb
+    from validate_batch.kernel_mode import torch_backend as tb
 
     mod = fake_provider("fake_sglfm3", LEGACY_API)
     job = {"op": "prefill", "device": "cpu", "provider": {"name": "fake_sglfm3", "module": "fake_sglfm3",
@@ -287,8 +287,8 @@ def test_prefill_entry_point_gets_use_legacy(fake_provider):
 
 
 def test_explicit_use_legacy_on_a_build_without_it_is_unsupported(fake_provider):
-    from validator.kernel import torch_backend as tb
-    from validator.kernel.protocol import Unsupported
+    from validate_batch.kernel_mode import torch_backend as tb
+    from validate_batch.kernel_mode.protocol import Unsupported
 
     fake_provider("fake_fmla_noleg", CURRENT_API)
     with pytest.raises(Unsupported, match="use_legacy"):

@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from validator.cli import app
-from validator.kernel.check import kernel_check_report
-from validator.kernel.providers import detect, find_providers, provider_for_build
-from validator.kernel.runner import ChildSpec, run_job
-from validator.kernel.vllm_bundle import ENV_VAR, locate
-from validator.session import check_documents
+from validate_batch.cli.main import app
+from validate_batch.kernel_mode.check import kernel_check_report
+from validate_batch.kernel_mode.providers import detect, find_providers, provider_for_build
+from validate_batch.kernel_mode.runner import ChildSpec, run_job
+from validate_batch.kernel_mode.vllm_bundle import ENV_VAR, locate
+from validate_batch.cli.session import check_documents
 
 MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
 

@@ -7,28 +7,30 @@ import ast
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parent.parent / "validator"
+#: the name the package installs under (pyproject maps validator/ to it)
+IMPORT_NAME = "validate_batch"
 
 # (module, imported module): function-level imports that stay, and why
 OPTIONAL = {
-    ("validator._accel", "validator._walk"): "the compiled helpers may not be built",
-    ("validator.kernel.worker", "validator.kernel.worker"): "run as a script, it re-imports itself as a module",
-    ("validator.bisect.kernel", "validator.kernel.check"): "kernel mode is optional in a diagnosis",
+    ("validate_batch._accel", "validate_batch._walk"): "the compiled helpers may not be built",
+    ("validate_batch.kernel_mode.worker", "validate_batch.kernel_mode.worker"): "run as a script, it re-imports itself as a module",
+    ("validate_batch.bisect.kernel", "validate_batch.kernel_mode.check"): "kernel mode is optional in a diagnosis",
 }
 # modules whose function-level imports are deliberate: loaded by every pytest run / CLI start-up
 LAZY_MODULES = {
-    "validator.pytest_plugin": "pytest loads the plugin in every run; the package loads on first use",
-    "validator": "the package's names load on first use, so importing one submodule (the command line) "
+    "validate_batch.pytest_plugin": "pytest loads the plugin in every run; the package loads on first use",
+    "validate_batch": "the package's names load on first use, so importing one submodule (the command line) "
                  "does not load every room",
 }
 # the CLI imports a command's heavier rooms when that command runs (each costs 20-45 ms of start-up)
-CLI_MODULES = ("validator.cli", "validator.cli_bisect", "validator.cli_kernel", "validator.output")
-CLI_LAZY = ("validator.bisect", "validator.ingest", "validator.kernel")
+CLI_MODULES = ("validate_batch.cli.main", "validate_batch.cli.bisect_cmd", "validate_batch.cli.kernel_cmd", "validate_batch.output.writer")
+CLI_LAZY = ("validate_batch.bisect", "validate_batch.ingest", "validate_batch.kernel_mode")
 
 
 def _modules() -> dict[str, Path]:
     out = {}
     for p in PKG.rglob("*.py"):
-        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        parts = (IMPORT_NAME,) + p.relative_to(PKG).with_suffix("").parts
         name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         out[name] = p
     return out
@@ -48,18 +50,18 @@ def _imports(name: str, path: Path, modules: dict) -> list[tuple[str, list[str],
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
                 mod = node.module or ""
-            if not mod.startswith("validator"):
+            if not mod.startswith(IMPORT_NAME):
                 continue
             for a in node.names:
                 sub = f"{mod}.{a.name}"
-                if sub in modules or (PKG.parent / (sub.replace(".", "/") + ".c")).exists():
+                if sub in modules or (PKG / (sub.split(".", 1)[-1].replace(".", "/") + ".c")).exists():
                     # "from . import x" imports module x (a compiled one too)
                     out.append((sub, [], id(node) in nested, node.lineno))
                 elif mod in modules:
                     out.append((mod, [a.name], id(node) in nested, node.lineno))
         elif isinstance(node, ast.Import):
             for a in node.names:
-                if a.name.startswith("validator") and a.name in modules:
+                if a.name.startswith(IMPORT_NAME) and a.name in modules:
                     out.append((a.name, [], id(node) in nested, node.lineno))
     return out
 
@@ -121,6 +123,6 @@ def test_the_layout_test_sees_a_cycle(tmp_path, monkeypatch):
     try:
         test_no_import_cycles()
     except AssertionError as e:
-        assert "validator.a -> validator.b -> validator.a" in str(e)
+        assert "validate_batch.a -> validate_batch.b -> validate_batch.a" in str(e)
     else:
         raise AssertionError("the cycle was not found")

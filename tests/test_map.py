@@ -10,8 +10,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from validator.cli import app
-from validator.legality_map import Source, boundary_csv, legality_map, maps_across_builds
+from validate_batch.cli.main import app
+from validate_batch.legality.maps import Source, boundary_csv, legality_map, maps_across_builds
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "rules" / "examples" / "dsv4-prefill-3x4096.yaml"
 SMEM = 232448  # H200 opt-in shared memory per block
@@ -96,7 +96,7 @@ def test_png_pixels_have_the_region_colors(tmp_path):
     matplotlib.use("Agg")
     import numpy as np
 
-    from validator.legality_map import render_figure
+    from validate_batch.legality.maps import render_figure
 
     m = legality_map(Source("engine", _doc()), kernel_build="flashmla-9241ae3", y_max=64)
     fig = render_figure([m])

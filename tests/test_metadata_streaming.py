@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from validator import limits, streaming
-from validator.cli import app
-from validator.errors import InputError
-from validator.inputs import parse_documents, read_text
-from validator.streaming import CallRecords, open_input
+from validate_batch.facts import limits
+from validate_batch.inputs import streaming
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
+from validate_batch.inputs.documents import parse_documents, read_text
+from validate_batch.inputs.streaming import CallRecords, open_input
 
 ORACLE = Path(__file__).resolve().parent.parent / "fixtures" / "oracle"
 FILES = sorted(ORACLE.glob("*.jsonl"))

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from validator.batch import batch_from_dict
-from validator.errors import InputError
-from validator.modes import Mode
-from validator.names import parse_mode
+from validate_batch.inputs.batch import batch_from_dict
+from validate_batch.errors import InputError
+from validate_batch.facts.modes import Mode
+from validate_batch.facts.names import parse_mode
 
 PKG = Path(__file__).resolve().parent.parent / "validator"
 SETTINGS = json.loads((PKG.parent / "rules" / "settings.json").read_text())["forward_modes"]
@@ -86,7 +86,7 @@ def test_a_batch_holds_a_mode():
 MODE_NAMES = "|".join(SETTINGS["modes"] + ["idle", "prebuilt"])
 BARE = re.compile(rf'(==|!=)\s*"({MODE_NAMES})"|in \("({MODE_NAMES})"')
 # rewritten elsewhere, and not forward modes where they match (a log line's kind, a PD worker's role)
-NOT_HERE = {"guard.py", "quick.py", "flashmla/schedule.py"}
+NOT_HERE = {"guard/checker.py", "inputs/quick.py", "flashmla/schedule.py"}
 OTHER_MEANINGS = re.compile(r"disaggregation_mode|\.kind\b|\bkind ==")
 
 

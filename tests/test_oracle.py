@@ -14,10 +14,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from validator.api import check_calls
-from validator.cli import app
-from validator.flashmla.plan import plan
-from validator.knowledge import resolve_gpu
+from validate_batch.api import check_calls
+from validate_batch.cli.main import app
+from validate_batch.flashmla.plan import plan
+from validate_batch.facts.knowledge import resolve_gpu
 
 
 def _expected(rec: dict) -> tuple[list[list[int]], list[int]]:

@@ -12,10 +12,10 @@ import types
 
 import pytest
 
-import validator
-from validator.forward import forward_rows
-from validator.knowledge import load
-from validator.profiles import Profile, get_profile
+import validate_batch
+from validate_batch.engines.forward import forward_rows
+from validate_batch.facts.knowledge import load
+from validate_batch.engines import Profile, get_profile
 
 BUDGET = 100
 
@@ -24,10 +24,10 @@ class ToyProfile(Profile):
     name = "toy-rows"
     provides = frozenset({"rows"})
 
-    def setup(self, batch, version, kernel):
+    def setup(self, batch, version, build):
         return version["row_budget"]
 
-    def derive(self, batch, version, setup, bp, kernel, memo=None):
+    def derive(self, batch, version, setup, bp, build, memo=None):
         bp.rows, bp.row_breakdown = forward_rows(batch)
         bp.max_rows = setup
         bp.routing = {"threshold": None, "routed": False, "reason": "never routed", "version": version["name"]}
@@ -44,9 +44,9 @@ class ToyProfile(Profile):
 
 @pytest.fixture
 def toy(monkeypatch):
-    mod = types.ModuleType("validator.profiles.toy")
+    mod = types.ModuleType("validate_batch.engines.toy")
     mod.PROFILE = ToyProfile()
-    monkeypatch.setitem(sys.modules, "validator.profiles.toy", mod)
+    monkeypatch.setitem(sys.modules, "validate_batch.engines.toy", mod)
     monkeypatch.setitem(load("engines")["profiles"], "toy-rows", {
         "title": "test stand-in", "module": "toy", "default_version": "v1", "defaults": {},
         "versions": [{"name": "v1", "row_budget": BUDGET}]})
@@ -56,7 +56,7 @@ def toy(monkeypatch):
 
 
 def test_guard_headroom_and_split_follow_a_new_profile(toy):
-    guard = validator.Checker(engine=toy, gpu="H200")
+    guard = validate_batch.Checker(engine=toy, gpu="H200")
     assert guard.has_rows and guard.max_rows == BUDGET and not guard.has_slots
     for n, legal in [(BUDGET - 1, True), (BUDGET, True), (BUDGET + 1, False)]:
         v = guard.verdict("decode", seq_lens=[5] * n)
@@ -73,7 +73,7 @@ def test_guard_headroom_and_split_follow_a_new_profile(toy):
 def test_a_new_profile_renders_its_own_summary(toy, tmp_path):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     doc = tmp_path / "b.json"
     doc.write_text('{"engine": "toy-rows", "forward_mode": "decode", "requests": '

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from validator import Checker, InputError
+from validate_batch import Checker, InputError
 
 SMEM = 232448
 LIMIT = (SMEM - 4) // 20

@@ -70,7 +70,7 @@ def test_headroom_from_the_fixture(batch_validator):
 
 def test_helper_functions(pytester):
     pytester.makepyfile(SEED + """
-from validator.pytest_plugin import assert_batch_legal, assert_batch_illegal
+from validate_batch.pytest_plugin import assert_batch_legal, assert_batch_illegal
 
 def test_helper_passes():
     rep = assert_batch_legal(SMALL)
@@ -99,19 +99,19 @@ def test_illegal_expectation_but_legal():
 
 def test_assert_comparison_is_explained(pytester):
     pytester.makepyfile(SEED + """
-import validator
+import validate_batch
 
 def test_report():
-    assert validator.check(SEED) == validator.LEGAL
+    assert validate_batch.check(SEED) == validate_batch.LEGAL
 
 def test_verdict():
-    c = validator.Checker(engine="sglang-dsv4@pre-25418")
-    assert c.verdict("extend", [4096, 4096, 4096], rids=["p1", "p2", "p3"]) == validator.LEGAL
+    c = validate_batch.Checker(engine="sglang-dsv4@pre-25418")
+    assert c.verdict("extend", [4096, 4096, 4096], rids=["p1", "p2", "p3"]) == validate_batch.LEGAL
 
 def test_legal_report_equals_legal():
-    assert validator.check(SMALL) == validator.LEGAL
-    c = validator.Checker(engine="sglang-dsv4@pre-25418")
-    assert c.verdict("extend", [4096]) == validator.LEGAL
+    assert validate_batch.check(SMALL) == validate_batch.LEGAL
+    c = validate_batch.Checker(engine="sglang-dsv4@pre-25418")
+    assert c.verdict("extend", [4096]) == validate_batch.LEGAL
 """)
     res = run(pytester)
     res.assert_outcomes(passed=1, failed=2)
@@ -136,7 +136,7 @@ def test_x(batch_validator):
 
 def test_unknown_engine_setting_is_reported(pytester):
     pytester.makepyfile(SEED + """
-from validator.pytest_plugin import assert_batch_legal
+from validate_batch.pytest_plugin import assert_batch_legal
 
 def test_x():
     assert_batch_legal(SMALL, engines="typo")
@@ -148,7 +148,7 @@ def test_x():
 
 def test_failures_point_at_the_tests_own_line(pytester):
     pytester.makepyfile(SEED + """
-from validator.pytest_plugin import assert_batch_legal, assert_batch_illegal
+from validate_batch.pytest_plugin import assert_batch_legal, assert_batch_illegal
 
 def test_helper():
     assert_batch_legal(SEED)          # THE-HELPER-LINE

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-import validator.ingest.recognisers as rec
-from validator.errors import InputError
-from validator.ingest.recognisers import RECOGNISERS, Recogniser, check_table, classify, classify_block, prefilter
-from validator.ingest.scan import scan_lines
-from validator.kernel.outcome import CUDA_ERROR_FORMAT, RESULT_PREFIX, STAGE_PREFIX
-from validator.kernel.outcome import classify as classify_run
-from validator.limits import parse_int
+import validate_batch.ingest.recognisers as rec
+from validate_batch.errors import InputError
+from validate_batch.ingest.recognisers import RECOGNISERS, Recogniser, check_table, classify, classify_block, prefilter
+from validate_batch.ingest.scan import scan_lines
+from validate_batch.kernel_mode.outcome import CUDA_ERROR_FORMAT, RESULT_PREFIX, STAGE_PREFIX
+from validate_batch.kernel_mode.outcome import classify as classify_run
+from validate_batch.facts.limits import parse_int
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "fixtures" / "error_lines.jsonl"

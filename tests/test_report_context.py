@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import json
 
-import validator
-from validator.report import Finding, Report
+import validate_batch
+from validate_batch.legality.report import Finding, Report
 
 
 def test_deferred_context_is_built_once_on_first_read():
@@ -37,7 +37,7 @@ def test_report_defaults_and_equality():
 
 
 def test_checker_report_context_matches_its_batch_plan():
-    chk = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200",
+    chk = validate_batch.Checker(engine="sglang-dsv4@pre-25418", gpu="H200",
                             server_args={"chunked_prefill_size": 8192, "max_running_requests": 64})
     seq = [100 + 37 * i for i in range(40)]
     rep = chk.check("decode", seq_lens=seq, req_pool_indices=list(range(1, 41)))

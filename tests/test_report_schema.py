@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import validator
-from validator.cli import app
-from validator.modes import Mode
-from validator.report import BatchContext, CallsContext, Finding, Report
+import validate_batch
+from validate_batch.cli.main import app
+from validate_batch.facts.modes import Mode
+from validate_batch.legality.report import BatchContext, CallsContext, Finding, Report
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -61,8 +61,8 @@ def invoke(args) -> dict:
 def documents(tmp_path_factory) -> list[dict]:
     """Report documents of every kind the commands write: each profile's batch, a chunked forward,
     call records, and a check with every addition asked for."""
-    docs = [validator.check({"engine": e, **d}).document("validate-batch/report/1") for e, d in BATCHES]
-    chunked = validator.check({"engine": "sglang-dsv4", "server_args": {"chunked_prefill_size": 4096},
+    docs = [validate_batch.check({"engine": e, **d}).document("validate-batch/report/1") for e, d in BATCHES]
+    chunked = validate_batch.check({"engine": "sglang-dsv4", "server_args": {"chunked_prefill_size": 4096},
                                "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 12000}]})
     docs.append(chunked.document("validate-batch/report/1"))
     docs.append(invoke(["check", ORACLE / "flashmla_h200_probes.jsonl", "--json"]))
@@ -75,7 +75,7 @@ def documents(tmp_path_factory) -> list[dict]:
 def kernel_document() -> dict:
     """A check with kernel mode asked for (its result stubbed: the child process and GPU are not
     what is tested here)."""
-    import validator.kernel.check as kc
+    import validate_batch.kernel_mode.check as kc
 
     mp = pytest.MonkeyPatch()
     mp.setattr(kc, "kernel_check_report", lambda report, console=None: {"available": False, "reason": "stub"})

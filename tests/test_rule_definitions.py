@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from validator.api import check
-from validator.cli import app
-from validator.failure import KINDS, Failure, failure_of
-from validator.ingest.crash_lines import ErrorEvent, classify_error
-from validator.ingest.signatures import matching_codes
-from validator.ruleset import all_rules, all_signatures, get_rule, rule, unregister
+from validate_batch.api import check
+from validate_batch.cli.main import app
+from validate_batch.legality.failure import KINDS, Failure, failure_of
+from validate_batch.ingest.crash_lines import ErrorEvent, classify_error
+from validate_batch.ingest.signatures import matching_codes
+from validate_batch.legality.ruleset import all_rules, all_signatures, get_rule, rule, unregister
 
 ROOT = Path(__file__).resolve().parents[1]
 H200_SMEM = 232448

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-import validator
-from validator.bisect import BisectChecker, find_boundary
-from validator.errors import BatchIllegalError
-from validator.registry import generation, rule, unregister
+import validate_batch
+from validate_batch.bisect import BisectChecker, find_boundary
+from validate_batch.errors import BatchIllegalError
+from validate_batch.legality.registry import generation, rule, unregister
 
 ENGINE = "sglang-dsv4@pre-25418"
 H200_ROWS = (232448 - 4) // 20           # 11622
@@ -53,9 +53,9 @@ def test_default_reads_is_requests(add_rule):
 
 @pytest.mark.parametrize("built_before", [True, False])
 def test_guard_check_and_assert_legal_enforce_a_new_rule(add_rule, built_before):
-    before = validator.Checker(engine=ENGINE, gpu="H200") if built_before else None
+    before = validate_batch.Checker(engine=ENGINE, gpu="H200") if built_before else None
     _prefix_rule(add_rule)
-    guard = before or validator.Checker(engine=ENGINE, gpu="H200")
+    guard = before or validate_batch.Checker(engine=ENGINE, gpu="H200")
     assert "TST901" in guard.bounds.undecided or not guard.bounds.complete
     for prefix, legal in [(99999, True), (100000, True), (100001, False)]:
         v = guard.verdict("extend", extend_lens=[10], prefix_lens=[prefix], rids=["a"])
@@ -70,24 +70,24 @@ def test_guard_check_and_assert_legal_enforce_a_new_rule(add_rule, built_before)
                 guard.assert_legal("extend", extend_lens=[10], prefix_lens=[prefix], rids=["a"])
     # the one-shot API and a batch document
     doc = {"engine": ENGINE, "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 10, "prefix_len": 100001}]}
-    assert not validator.check(doc).legal
+    assert not validate_batch.check(doc).legal
     with pytest.raises(BatchIllegalError):
-        validator.assert_legal(doc)
+        validate_batch.assert_legal(doc)
 
 
 def test_removing_the_rule_restores_the_fast_path(add_rule):
     _prefix_rule(add_rule)
-    guard = validator.Checker(engine=ENGINE, gpu="H200")
+    guard = validate_batch.Checker(engine=ENGINE, gpu="H200")
     assert not guard.bounds.complete
     unregister("TST901")
-    fresh = validator.Checker(engine=ENGINE, gpu="H200")
+    fresh = validate_batch.Checker(engine=ENGINE, gpu="H200")
     assert fresh.bounds.complete and fresh.bounds.rules_generation == generation()
     assert fresh.verdict("extend", extend_lens=[10], prefix_lens=[100001], rids=["a"])
 
 
 def test_headroom_enforces_a_new_rule(add_rule):
     _prefix_rule(add_rule)
-    guard = validator.Checker(engine=ENGINE, gpu="H200")
+    guard = validate_batch.Checker(engine=ENGINE, gpu="H200")
     bad = guard.headroom("extend", extend_lens=[10], prefix_lens=[100001])
     assert not bad.legal_now and not bad.can_add(1) and bad.more_rows == 0
     good = guard.headroom("extend", extend_lens=[10], prefix_lens=[5])
@@ -104,19 +104,19 @@ def test_split_enforces_a_new_rule(add_rule):
         return None
 
     add_rule("TST902", "batch", ("requests",), two_per_step)
-    guard = validator.Checker(engine=ENGINE, gpu="H200")
+    guard = validate_batch.Checker(engine=ENGINE, gpu="H200")
     v = guard.verdict("extend", extend_lens=[100, 100, 100, 100, 100], rids=["a", "b", "c", "d", "e"])
     assert not v and v.report.codes == ["TST902"]
     assert v.safe_split.steps == [["a", "b"], ["c", "d"], ["e"]]
     # the one-shot path's split too
     doc = {"engine": ENGINE, "forward_mode": "extend",
            "requests": [{"id": x, "extend_tokens": 100} for x in "abc"]}
-    assert validator.check(doc).safe_split.steps == [["a", "b"], ["c"]]
+    assert validate_batch.check(doc).safe_split.steps == [["a", "b"], ["c"]]
 
 
 def test_a_request_the_new_rule_rejects_alone_has_no_split(add_rule):
     _prefix_rule(add_rule)
-    guard = validator.Checker(engine=ENGINE, gpu="H200")
+    guard = validate_batch.Checker(engine=ENGINE, gpu="H200")
     v = guard.verdict("extend", extend_lens=[100, 100], prefix_lens=[0, 200000], rids=["ok", "bad"])
     assert not v and v.safe_split.steps is None and "bad" in v.safe_split.reason and "ok" not in v.safe_split.reason
 
@@ -129,7 +129,7 @@ def test_a_row_rule_moves_the_bounds_of_every_path(add_rule):
         return None
 
     add_rule("TST903", "batch", ("rows",), rows_5000)
-    guard = validator.Checker(engine=ENGINE, gpu="H200")
+    guard = validate_batch.Checker(engine=ENGINE, gpu="H200")
     assert guard.bounds.complete and guard.max_rows == 5000 and guard.bounds.sure_rows == 5000
     for rows, legal in [(4999, True), (5000, True), (5001, False)]:
         assert bool(guard.verdict("decode", seq_lens=[7] * rows)) is legal

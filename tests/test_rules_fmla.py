@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from validator.api import check_calls
-from validator.flashmla.plan import plan
+from validate_batch.api import check_calls
+from validate_batch.flashmla.plan import plan
 
 INT32_MAX = 2**31 - 1
 H200_SMEM = 232448           # shared_memory_per_block_optin measured on the H200

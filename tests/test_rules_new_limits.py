@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from validator.api import check, check_calls, check_decode_indices, check_sched_meta_reuse
-from validator.batch import batch_from_dict
-from validator.cli import app
-from validator.deepgemm.calls import plan as dg_plan
-from validator.errors import InputError
-from validator.flashmla.plan import plan
-from validator.flashmla.rules import combine_grid
-from validator.knowledge import build_names, load
-from validator.ruleset import all_rules
+from validate_batch.api import check, check_calls, check_decode_indices, check_sched_meta_reuse
+from validate_batch.inputs.batch import batch_from_dict
+from validate_batch.cli.main import app
+from validate_batch.deepgemm.calls import plan as dg_plan
+from validate_batch.errors import InputError
+from validate_batch.flashmla.plan import plan
+from validate_batch.flashmla.rules import combine_grid
+from validate_batch.facts.knowledge import build_names, load
+from validate_batch.legality.ruleset import all_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID_Y = 65535                     # CUDA: maximum y- and z-dimension of a grid
@@ -50,16 +50,16 @@ def test_combine_grid_y_on_1408756(h_q):
     limit = GRID_Y * HEADS_PER_CTA // h_q          # 4095 at h_q 128, 8191 at h_q 64
     assert limit == {128: 4095, 64: 8191}[h_q]
     for s_q in (limit - 1, limit, limit + 1):
-        r = check(sparse(1, s_q, h_q), gpu="H200", kernel="flashmla-1408756")
+        r = check(sparse(1, s_q, h_q), gpu="H200", build="flashmla-1408756")
         assert ("FMLA017" in codes(r)) == (s_q > limit), s_q
-    f = next(f for f in check(sparse(1, limit + 1, h_q), kernel="flashmla-1408756").findings if f.code == "FMLA017")
+    f = next(f for f in check(sparse(1, limit + 1, h_q), build="flashmla-1408756").findings if f.code == "FMLA017")
     assert f.numbers["axis"] == "y" and f.numbers["value"] == -(-(limit + 1) * h_q // HEADS_PER_CTA)
     assert f.failure.startswith("process_exit") and "mla_combine.cu:201" in f.failure
 
 
 def test_combine_grid_9241ae3_moves_rows_to_x():
     # PR #182 (9241ae3): grid (b*s_q, 1, ceil(h_q/8)) - s_q 4096 at h_q 128 is fine there
-    assert "FMLA017" not in codes(check(sparse(1, 4096, 128), kernel="flashmla-9241ae3"))
+    assert "FMLA017" not in codes(check(sparse(1, 4096, 128), build="flashmla-9241ae3"))
     s_q = 65536
     limit_b = GRID_X // s_q                        # 32767
     for b in (limit_b - 1, limit_b, limit_b + 1):
@@ -117,8 +117,8 @@ def test_combine_grid_sgl_flash_mla_legacy_has_no_y_limit_of_1408756(h_q):
     for s_q in (limit, limit + 1, limit + 2):
         row = rows[s_q]
         assert row["outcome"] == "ok", row
-        assert "FMLA017" not in codes(check(measured_record(row), gpu="H200", kernel="sgl-flash-mla-1.0.0")), s_q
-        on_1408756 = codes(check(measured_record(row), gpu="H200", kernel="flashmla-1408756"))
+        assert "FMLA017" not in codes(check(measured_record(row), gpu="H200", build="sgl-flash-mla-1.0.0")), s_q
+        on_1408756 = codes(check(measured_record(row), gpu="H200", build="flashmla-1408756"))
         assert ("FMLA017" in on_1408756) == (s_q > limit), s_q
 
 
@@ -127,7 +127,7 @@ def test_combine_grid_sgl_flash_mla_legacy_measured_outcomes():
     rows = measured_grid_calls()
     assert any(c["outcome"] != "ok" for c in rows) and any(c["s_q"] == GRID_Y and c["outcome"] == "ok" for c in rows)
     for c in rows:
-        found = codes(check(measured_record(c), gpu="H200", kernel="sgl-flash-mla-1.0.0"))
+        found = codes(check(measured_record(c), gpu="H200", build="sgl-flash-mla-1.0.0"))
         assert "FMLA017" not in found, c
         refused = c["outcome"] == "python_exception" and "Stride exceeds int32 limit" in c["message"]
         assert refused == (c["outcome"] != "ok"), c
@@ -150,7 +150,7 @@ def test_combine_grid_sgl_flash_mla_legacy_x_limit():
 def test_builds_without_a_recorded_combine_grid_are_not_judged():
     # the grid of vLLM 0.33's bundled copy is not recorded (neither read from source nor measured)
     assert plan(sparse(1, 4096, 128), "H200", "vllm-0.33").combine_grid is None
-    assert "FMLA017" not in codes(check(sparse(1, 8192, 128), gpu="H200", kernel="vllm-0.33"))
+    assert "FMLA017" not in codes(check(sparse(1, 8192, 128), gpu="H200", build="vllm-0.33"))
 
 
 # --------------------------------------------------------------------------- FMLA008 splits per build
@@ -170,7 +170,7 @@ def test_max_splits_per_build(kernel, cc, parts_of, limit):
         rec = sparse(1, 1, 64, d_qk=512, topk=1024) if cc[0] == 10 else sparse(1, 1, 64)
         p = plan(rec, gpu, kernel)
         assert p.num_sm_parts == parts
-        assert ("FMLA008" in codes(check(rec, gpu=gpu, kernel=kernel))) == (parts > limit), (kernel, parts)
+        assert ("FMLA008" in codes(check(rec, gpu=gpu, build=kernel))) == (parts > limit), (kernel, parts)
 
 
 # --------------------------------------------------------------------------- FMLA014 empty sparse prefill
@@ -181,9 +181,9 @@ def test_max_splits_per_build(kernel, cc, parts_of, limit):
 ])
 def test_empty_sparse_prefill_per_build(kernel, failure):
     for s_q in (0, 1, 2):                                      # the limit is s_q >= 1
-        r = check({"kind": "prefill", "s_q": s_q, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200", kernel=kernel)
+        r = check({"kind": "prefill", "s_q": s_q, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200", build=kernel)
         assert ("FMLA014" in codes(r)) == (s_q == 0)
-    f = check({"kind": "prefill", "s_q": 0, "h_q": 64, "d_qk": 512, "topk": 512}, kernel=kernel).findings[0]
+    f = check({"kind": "prefill", "s_q": 0, "h_q": 64, "d_qk": 512, "topk": 512}, build=kernel).findings[0]
     assert f.failure.startswith(failure)
 
 
@@ -281,20 +281,20 @@ def test_dense_fp8_padding_row_of_length_zero(kernel):
     for pad, bad in ((0, True), (1, False), (2, False)):
         rec = {"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
                "seqlens": [900, 12, pad, pad]}
-        r = check(rec, gpu="H200", kernel=kernel)
+        r = check(rec, gpu="H200", build=kernel)
         assert ("FMLA020" in codes(r)) == bad, pad
     rec = {"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}
-    f = next(f for f in check(rec, gpu="H200", kernel=kernel).findings if f.code == "FMLA020")
+    f = next(f for f in check(rec, gpu="H200", build=kernel).findings if f.code == "FMLA020")
     assert f.numbers == {"request": 2, "count": 2} and f.failure.startswith("illegal_memory_access")
     # the metadata op alone takes empty requests (measured: sglfm_h200_densefp8_cases has them and ran)
     meta = {k: v for k, v in rec.items() if k != "entry"}
-    assert "FMLA020" not in codes(check(meta, gpu="H200", kernel=kernel))
+    assert "FMLA020" not in codes(check(meta, gpu="H200", build=kernel))
 
 
 def test_tma_dense_kernels_take_length_zero_padding():
     # the TMA-based dense SM90 kernels hand the page to a TMA load (zero-filled out of range): no FMLA020
     for kernel in ("flashmla-9241ae3", "flashmla-1408756"):
-        r = check({"kind": "dense", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}, gpu="H200", kernel=kernel)
+        r = check({"kind": "dense", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}, gpu="H200", build=kernel)
         assert "FMLA020" not in codes(r)
 
 

@@ -12,8 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from validator.flashmla.plan import plan
-from validator.flashmla.schedule import Schedule, schedule_fast, schedule_reference
+from validate_batch.flashmla.plan import plan
+from validate_batch.flashmla.schedule import Schedule, schedule_fast, schedule_reference
 
 # every test here runs on the pure-Python paths and on the compiled helpers
 pytestmark = pytest.mark.usefixtures("impl")

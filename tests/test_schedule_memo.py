@@ -12,8 +12,8 @@ import threading
 import numpy as np
 import pytest
 
-import validator
-from validator.flashmla.schedule import WalkMemo, schedule_memo, schedule_reference
+import validate_batch
+from validate_batch.flashmla.schedule import WalkMemo, schedule_memo, schedule_reference
 
 
 def assert_same_as_reference(sch, s, P, F, block, what):
@@ -132,7 +132,7 @@ def test_threads_sharing_a_memo_get_exact_schedules(impl):
 @pytest.mark.parametrize("mode,extra", [("decode", {}), ("target_verify", {"speculative_num_draft_tokens": 4})])
 def test_checker_steps_match_reference_schedules(mode, extra, impl):
     """Full checks of consecutive steps (the memo warm) plan the same schedules as the reference."""
-    chk = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200",
+    chk = validate_batch.Checker(engine="sglang-dsv4@pre-25418", gpu="H200",
                             server_args={"chunked_prefill_size": 8192, "max_running_requests": 1024, **extra})
     rng = random.Random(11)
     n = 64 if mode == "target_verify" else 200
@@ -153,12 +153,12 @@ def test_checker_steps_match_reference_schedules(mode, extra, impl):
 
 def test_memo_belongs_to_its_checker(impl):
     """No process-wide state: plain plans compute afresh, and two checkers do not share walks."""
-    a = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
-    b = validator.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
+    a = validate_batch.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
+    b = validate_batch.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
     seq = [1000 + 37 * i for i in range(300)]
     a.check("decode", seq_lens=seq)
     assert len(a.schedule_memo) > 0 and len(b.schedule_memo) == 0
-    rep = validator.check({"engine": "sglang-dsv4@pre-25418", "forward_mode": "decode",
+    rep = validate_batch.check({"engine": "sglang-dsv4@pre-25418", "forward_mode": "decode",
                            "requests": [{"id": f"r{i}", "seq_len": s} for i, s in enumerate(seq)]})
     assert all(p.memo is None for p in rep.plans)
 

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from validator.search import largest_legal
+from validate_batch.legality.search import largest_legal
 
 
 def brute(edge: int, lo: int, cap: int):

@@ -6,9 +6,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from validator import Checker, check
-from validator.cli import app
-from validator.errors import InputError
+from validate_batch import Checker, check
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
 
 runner = CliRunner()
 DOC = {"engine": "sglang-dsv4@pre-25418", "forward_mode": "extend", "requests": [{"id": "p1", "extend_tokens": 100}]}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from importlib import resources
 
-import validator.cli_bisect as cli_bisect
-import validator.ingest.launch as launch
-from validator.ingest.launch import EngineConfig, parse_launch
-from validator.names import BOOL_FLAG_SETTINGS
+import validate_batch.cli.bisect_cmd as cli_bisect
+import validate_batch.ingest.launch as launch
+from validate_batch.ingest.launch import EngineConfig, parse_launch
+from validate_batch.facts.names import BOOL_FLAG_SETTINGS
 
 
 def settings_file() -> dict:

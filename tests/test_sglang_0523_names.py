@@ -11,8 +11,8 @@ import enum
 
 import pytest
 
-import validator
-from validator.adapters import sglang_forward_mode, step_lists
+import validate_batch
+from validate_batch.inputs.adapters import sglang_forward_mode, step_lists
 
 LIMIT = (232448 - 4) // 20        # 11622 on an H200 (upstream 9241ae3)
 
@@ -55,12 +55,12 @@ def test_every_0523_forward_mode_has_a_meaning(mode, want):
 
 
 def test_a_prebuilt_batch_of_a_pd_decode_worker_is_not_an_error():
-    guard = validator.Checker(engine="sglang-dsv4@pre-25418")
+    guard = validate_batch.Checker(engine="sglang-dsv4@pre-25418")
     assert guard.verdict(Batch(ForwardMode.PREBUILT, [Req("a", 5, 1)] * 20000))   # no forward runs
 
 
 def test_req_kv_slot_and_extend_len():
-    guard = validator.Checker(engine=["sglang-dsv4@pre-25418", "sglang-slots@post-fix"],
+    guard = validate_batch.Checker(engine=["sglang-dsv4@pre-25418", "sglang-slots@post-fix"],
                               server_args={"max_running_requests": 32})
     batch = Batch(ForwardMode.EXTEND, [Req("a", LIMIT - 1, 1), Req("b", 1, 2)])
     lists = step_lists(batch, guard)
@@ -72,7 +72,7 @@ def test_req_kv_slot_and_extend_len():
 
 
 def test_the_host_copy_of_the_slots_is_read():
-    guard = validator.Checker(engine=["sglang-dsv4@pre-25418", "sglang-slots@post-fix"],
+    guard = validate_batch.Checker(engine=["sglang-dsv4@pre-25418", "sglang-slots@post-fix"],
                               server_args={"max_running_requests": 32})
     reqs = [Req("a", 5, None), Req("b", 1, None)]
     assert step_lists(Batch(ForwardMode.EXTEND, reqs, cpu_slots=[3, 40]), guard)["req_pool_indices"] == [3, 40]
@@ -88,7 +88,7 @@ def test_a_msgspec_server_args_is_read():
 
     sa = ServerArgs()
     assert getattr(sa, "__dict__", {}) == {}       # no instance dict to read: what made the flags vanish before
-    guard = validator.Checker(engine="sglang-dsv4@pre-25418", server_args=sa)
+    guard = validate_batch.Checker(engine="sglang-dsv4@pre-25418", server_args=sa)
     assert guard.draft_tokens == 4 and guard.mixed_chunk
     # 3000 requests x 4 draft tokens = 12000 verify rows > 11622
     assert not guard.verdict("target_verify", seq_lens=[100] * 3000)
@@ -102,7 +102,7 @@ def test_a_struct_like_object_with_struct_fields_is_read():
         def __init__(self):
             self.speculative_num_draft_tokens = 4
 
-    guard = validator.Checker(engine="sglang-dsv4@pre-25418", server_args=StructLike())
+    guard = validate_batch.Checker(engine="sglang-dsv4@pre-25418", server_args=StructLike())
     assert guard.draft_tokens == 4
     assert not guard.verdict("target_verify", seq_lens=[100] * 3000)
 
@@ -113,7 +113,7 @@ class NextBatchPlan:                # 0.5.23's get_next_batch_to_run() result (a
 
 
 def test_a_next_batch_plan_is_checked_by_the_batch_it_runs():
-    guard = validator.Checker(engine="sglang-dsv4@pre-25418")
+    guard = validate_batch.Checker(engine="sglang-dsv4@pre-25418")
     running = Batch(ForwardMode.DECODE, [Req("d", 1, 1)])
     ok = NextBatchPlan(Batch(ForwardMode.EXTEND, [Req("a", LIMIT, 1)]), running)
     bad = NextBatchPlan(Batch(ForwardMode.EXTEND, [Req("a", LIMIT + 1, 1)]), running)

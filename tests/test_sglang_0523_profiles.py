@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import validator
-from validator.bisect import BisectOptions, diagnose
-from validator.bisect import server_args as batch_server_args
-from validator.cli import app
-from validator.errors import InputError
-from validator.ingest import build_config, read_inputs
+import validate_batch
+from validate_batch.bisect import BisectOptions, diagnose
+from validate_batch.bisect import server_args as batch_server_args
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
+from validate_batch.ingest import build_config, read_inputs
 
 runner = CliRunner()
 H200_SMEM = 232448
@@ -35,8 +35,8 @@ SWITCH = "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"
 B200_SMS = 148
 
 
-def check(doc, kernel=None):
-    return validator.check(doc, kernel=kernel)
+def check(doc, build=None):
+    return validate_batch.check(doc, build=build)
 
 
 def errors(report) -> set:
@@ -80,14 +80,14 @@ def test_the_cli_case_is_legal_by_default_and_illegal_with_the_switch_off_on_a_b
 @pytest.mark.parametrize("rows,legal", [(LIMIT - 1, True), (LIMIT, True), (LIMIT + 1, False),
                                         (THRESHOLD, False), (THRESHOLD + 1, True)])
 def test_with_the_switch_off_the_threshold_routes_again(rows, legal):
-    r = check(extend_doc([rows], env={SWITCH: "0"}), kernel="flashmla-9241ae3")
+    r = check(extend_doc([rows], env={SWITCH: "0"}), build="flashmla-9241ae3")
     assert r.legal is legal, r.codes
     assert r.to_dict()["routing"]["routed"] is (rows > THRESHOLD)
 
 
 @pytest.mark.parametrize("rows", [1, LIMIT, LIMIT + 1, THRESHOLD, 200000])
 def test_with_the_switch_on_every_extend_is_routed(rows):
-    r = check(extend_doc([rows]), kernel="flashmla-9241ae3")
+    r = check(extend_doc([rows]), build="flashmla-9241ae3")
     assert r.legal, r.codes
     ctx = r.to_dict()
     assert ctx["routing"]["routed"] and {c["route"] for c in ctx["kernel_calls"]} == {"sparse_prefill"}
@@ -101,20 +101,20 @@ def test_with_the_switch_on_an_empty_extend_is_still_a_sparse_prefill_failure():
 def test_decode_and_verify_are_never_routed_by_the_switch():
     doc = {"engine": "sglang-dsv4@0.5.23", "forward_mode": "decode",
            "requests": [{"id": f"r{i}", "seq_len": 10} for i in range(LIMIT + 1)]}
-    assert "FMLA001" in errors(check(doc, kernel="flashmla-9241ae3"))
+    assert "FMLA001" in errors(check(doc, build="flashmla-9241ae3"))
     doc["requests"] = doc["requests"][:LIMIT]
-    assert check(doc, kernel="flashmla-9241ae3").legal
+    assert check(doc, build="flashmla-9241ae3").legal
 
 
 @pytest.mark.parametrize("version", ["0.5.22", "post-25418"])
 def test_older_versions_keep_the_threshold_only(version):
-    r = check(extend_doc([11640], version=version), kernel="flashmla-9241ae3")
+    r = check(extend_doc([11640], version=version), build="flashmla-9241ae3")
     assert "FMLA001" in errors(r)
 
 
 def test_the_switch_takes_the_engines_spellings_and_refuses_others():
     for text, on in (("1", True), ("TRUE", True), ("yes", True), ("0", False), ("n", False)):
-        r = check(extend_doc([11640], env={SWITCH: text}), kernel="flashmla-9241ae3")
+        r = check(extend_doc([11640], env={SWITCH: text}), build="flashmla-9241ae3")
         assert r.legal is on
     with pytest.raises(InputError) as e:
         check(extend_doc([10], env={SWITCH: "maybe"}))
@@ -125,8 +125,8 @@ def test_the_switch_takes_the_engines_spellings_and_refuses_others():
 
 
 def test_the_guard_follows_the_switch():
-    on = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3")
-    off = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3", server_args={SWITCH: "0"})
+    on = validate_batch.Checker(engine="sglang-dsv4@0.5.23", build="flashmla-9241ae3")
+    off = validate_batch.Checker(engine="sglang-dsv4@0.5.23", build="flashmla-9241ae3", server_args={SWITCH: "0"})
     assert on.verdict("extend", extend_lens=[11640])
     assert not off.verdict("extend", extend_lens=[11640])
     assert off.verdict("extend", extend_lens=[LIMIT]) and not off.verdict("extend", extend_lens=[LIMIT + 1])
@@ -142,7 +142,7 @@ def _tail_doc(last: int, on=True):
                                         (LIMIT - 90 * TAIL + 1, False)])
 def test_late_layer_tail_rows_run_the_decode_kernel(last, legal):
     assert LIMIT - 90 * TAIL < TAIL                     # the last request's tail is all of it
-    r = check(_tail_doc(last), kernel="flashmla-9241ae3")
+    r = check(_tail_doc(last), build="flashmla-9241ae3")
     assert r.legal is legal, r.codes
     ctx = r.to_dict()
     assert ctx["routing"]["late_layer_tail_rows"] == 90 * TAIL + last
@@ -151,17 +151,17 @@ def test_late_layer_tail_rows_run_the_decode_kernel(last, legal):
 
 
 def test_tails_are_off_without_the_setting_for_v4_and_on_by_default_for_v41():
-    assert check(_tail_doc(TAIL, on=False), kernel="flashmla-9241ae3").legal
+    assert check(_tail_doc(TAIL, on=False), build="flashmla-9241ae3").legal
     doc = extend_doc([200] * 91)                                   # 91 x 128 = 11648 tail rows
-    assert check(doc, kernel="flashmla-9241ae3").legal              # a DeepSeek-V4 model: no tails
+    assert check(doc, build="flashmla-9241ae3").legal              # a DeepSeek-V4 model: no tails
     doc["model"] = {"model_type": "deepseek_v41"}
-    assert "FMLA001" in errors(check(doc, kernel="flashmla-9241ae3"))
+    assert "FMLA001" in errors(check(doc, build="flashmla-9241ae3"))
     doc["server_args"]["enable_decoder_swa_bounded_replay"] = False
-    assert check(doc, kernel="flashmla-9241ae3").legal
+    assert check(doc, build="flashmla-9241ae3").legal
 
 
 def test_the_guard_takes_the_full_check_for_routed_forwards_with_tails():
-    g = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3",
+    g = validate_batch.Checker(engine="sglang-dsv4@0.5.23", build="flashmla-9241ae3",
                           server_args={"enable_decoder_swa_bounded_replay": True})
     assert not g.verdict("extend", extend_lens=[200] * 91)          # 11648 tail rows
     assert g.verdict("extend", extend_lens=[20000])                 # one request: a 128-row tail
@@ -236,7 +236,7 @@ def test_schedule_precompute_needs_blackwell_64_heads_and_v41():
 
 def test_the_guard_decides_the_window_too():
     first, last = _window()
-    g = validator.Checker(engine="sglang-dsv4@0.5.23", gpu="B200", model={"model_type": "deepseek_v41"})
+    g = validate_batch.Checker(engine="sglang-dsv4@0.5.23", gpu="B200", model={"model_type": "deepseek_v41"})
     for b, legal in [(first - 1, True), (first, False), (last, False), (last + 1, True)]:
         assert bool(g.verdict("decode", seq_lens=[300] * b)) is legal, b
 
@@ -288,11 +288,11 @@ def test_bisect_chunk_advice_is_per_attention_dp_worker(dp_flags):
 
 
 def test_headroom_follows_the_switch():
-    on = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3")
+    on = validate_batch.Checker(engine="sglang-dsv4@0.5.23", build="flashmla-9241ae3")
     h = on.headroom("extend", extend_lens=[100])
     assert h.routed and h.more_rows is None and "switch" in h.note
     assert on.headroom("decode", seq_lens=[100] * 10).more_rows == LIMIT - 10
-    off = validator.Checker(engine="sglang-dsv4@0.5.23", kernel="flashmla-9241ae3", server_args={SWITCH: False})
+    off = validate_batch.Checker(engine="sglang-dsv4@0.5.23", build="flashmla-9241ae3", server_args={SWITCH: False})
     h = off.headroom("extend", extend_lens=[100])
     assert not h.routed and h.more_rows == LIMIT - 100 and h.rows_to_route == THRESHOLD + 1 - 100
 

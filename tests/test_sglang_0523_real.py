@@ -24,9 +24,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import validator
-from validator.errors import BatchIllegalError, InputError
-from validator.ingest.crash_dump import read_crash_dump
+import validate_batch
+from validate_batch.errors import BatchIllegalError, InputError
+from validate_batch.ingest.crash_dump import read_crash_dump
 
 
 def _torchvision_stand_in() -> None:
@@ -134,8 +134,8 @@ def test_the_real_server_args_is_a_struct_without_vars():
 def test_eagle_verify_with_the_real_server_args(requests, legal):
     # 4 draft tokens: a verify forward of requests x 4 rows; 2905 x 4 = 11620 <= 11622 < 2906 x 4
     sa = server_args(speculative_algorithm="EAGLE", speculative_num_draft_tokens=4)
-    guard = validator.Checker(engine=OLD, server_args=sa)
-    as_dict = validator.Checker(engine=OLD, server_args={"speculative_algorithm": "EAGLE",
+    guard = validate_batch.Checker(engine=OLD, server_args=sa)
+    as_dict = validate_batch.Checker(engine=OLD, server_args={"speculative_algorithm": "EAGLE",
                                                          "speculative_num_draft_tokens": 4})
     batch = decode_batch(requests, spec=SpeculativeAlgorithm.EAGLE)
     assert bool(guard.verdict(batch)) is legal
@@ -147,11 +147,11 @@ def test_eagle_verify_with_the_real_server_args(requests, legal):
 
 def test_flags_of_the_real_server_args_are_read():
     sa = server_args(enable_mixed_chunk=True, max_running_requests=64, attn_dp_size=8, tp_size=8)
-    guard = validator.Checker(engine=[OLD, "sglang-slots@0.5.23"], server_args=sa)
+    guard = validate_batch.Checker(engine=[OLD, "sglang-slots@0.5.23"], server_args=sa)
     assert guard.mixed_chunk is True
     assert guard.table_rows == 64 // 8 + 1                   # R per attention-DP worker + 1
     # the deprecated spelling resolves to the same width
-    old = validator.Checker(engine="sglang-slots@0.5.23",
+    old = validate_batch.Checker(engine="sglang-slots@0.5.23",
                             server_args=server_args(dp_size=8, enable_dp_attention=True, tp_size=8,
                                                     max_running_requests=64))
     assert old.table_rows == 64 // 8 + 1
@@ -159,7 +159,7 @@ def test_flags_of_the_real_server_args_are_read():
 
 def test_an_unresolved_server_args_is_read_by_its_fields():
     sa = ServerArgs(model_path="dummy", speculative_algorithm="EAGLE", speculative_num_draft_tokens=4)
-    guard = validator.Checker(engine=OLD, server_args=sa)
+    guard = validate_batch.Checker(engine=OLD, server_args=sa)
     assert guard.draft_tokens == 4
 
 
@@ -168,20 +168,20 @@ def test_a_struct_with_no_readable_flag_is_an_error():
         colour: str = "red"
 
     with pytest.raises(InputError) as e:
-        validator.Checker(engine=OLD, server_args=Other())
+        validate_batch.Checker(engine=OLD, server_args=Other())
     assert e.value.field == "server_args"
 
 
 # ------------------------------------------------------------------------------ forward modes and names
 def test_a_prebuilt_batch_is_legal():
-    guard = validator.Checker(engine=[OLD, "sglang-slots@0.5.23"], server_args=server_args(max_running_requests=8))
+    guard = validate_batch.Checker(engine=[OLD, "sglang-slots@0.5.23"], server_args=server_args(max_running_requests=8))
     b = decode_batch(20000)            # far past every limit, but a PREBUILT batch runs no forward
     b.forward_mode = ForwardMode.PREBUILT
     assert guard.verdict(b) and guard.check(b).legal
 
 
 def test_dllm_extend_is_an_extend():
-    guard = validator.Checker(engine=OLD)
+    guard = validate_batch.Checker(engine=OLD)
     b = extend_batch([LIMIT + 1])
     b.forward_mode = ForwardMode.DLLM_EXTEND
     assert not guard.verdict(b)
@@ -192,7 +192,7 @@ def test_dllm_extend_is_an_extend():
 
 def test_req_kv_info_is_the_slot():
     assert isinstance(make_req("a", 5).kv, ReqKvInfo) and "req_pool_idx" not in dir(Req)
-    guard = validator.Checker(engine="sglang-slots@0.5.23", server_args=server_args(max_running_requests=8))
+    guard = validate_batch.Checker(engine="sglang-slots@0.5.23", server_args=server_args(max_running_requests=8))
     b = decode_batch(2)
     b.req_pool_indices_cpu = None                  # only the requests' own slots: Req.kv.req_pool_idx
     b.reqs[1].kv.req_pool_idx = 9                  # the table has 8 + 1 rows
@@ -202,7 +202,7 @@ def test_req_kv_info_is_the_slot():
 
 
 def test_extend_num_tokens_must_agree():
-    guard = validator.Checker(engine=OLD)
+    guard = validate_batch.Checker(engine=OLD)
     b = extend_batch([100, 200])
     b.extend_num_tokens = 301
     with pytest.raises(InputError) as e:
@@ -211,7 +211,7 @@ def test_extend_num_tokens_must_agree():
 
 
 def test_global_num_tokens_pads_a_rank():
-    guard = validator.Checker(engine=OLD)
+    guard = validate_batch.Checker(engine=OLD)
     b = decode_batch(10)
     b.global_num_tokens = [10, LIMIT]
     assert guard.verdict(b)
@@ -220,7 +220,7 @@ def test_global_num_tokens_pads_a_rank():
 
 
 def test_beam_members_are_rows_in_verdict_and_check():
-    guard = validator.Checker(engine=OLD)
+    guard = validate_batch.Checker(engine=OLD)
     n, members = 4000, 3                            # 4000 requests + 3 members each = 16000 rows
     b = decode_batch(n)
     b.beam_tail = BeamTail(num_base_rows=n, entries=[BeamTailEntry(None, i, i * members, (i + 1) * members)
@@ -296,8 +296,8 @@ def test_event_loop_snippet_with_the_real_plan(monkeypatch):
     scope["plan"] = NextBatchPlan(batch_to_run=None, running_batch=running)
     exec(code, scope)                                   # nothing to run
     # sgl-flash-mla 1.0.0 (0.5.23's build) has no decode-kernel row limit: judge it on 9241ae3's
-    scope["self"].batch_guard = validator.Checker(engine=["sglang-dsv4@0.5.23", "sglang-slots@0.5.23"],
-                                                  kernel="flashmla-9241ae3", server_args=guard.describe()["server_args"])
+    scope["self"].batch_guard = validate_batch.Checker(engine=["sglang-dsv4@0.5.23", "sglang-slots@0.5.23"],
+                                                  build="flashmla-9241ae3", server_args=guard.describe()["server_args"])
     scope["plan"] = NextBatchPlan(batch_to_run=extend_batch([LIMIT + 1]), running_batch=running)
     with pytest.raises(BatchIllegalError) as e:
         exec(code, scope)

@@ -17,11 +17,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-import validator
-from validator.bisect.profiles import choose_profile
-from validator.cli import app
-from validator.errors import InputError
-from validator.ingest.launch import EngineConfig, parse_launch
+import validate_batch
+from validate_batch.bisect.engine_choice import choose_profile
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
+from validate_batch.ingest.launch import EngineConfig, parse_launch
 
 Z_MAX = 2**16 - 1          # CUDA's largest gridDim.z
 ENGINE = "sglang-trtllm-mla"
@@ -54,7 +54,7 @@ def test_cli_decode_human_output_names_the_flashinfer_call():
 @pytest.mark.parametrize("n,legal", [(Z_MAX - 1, True), (Z_MAX, True), (Z_MAX + 1, False)])
 def test_target_verify_limit_is_on_requests_not_rows(n, legal):
     # 4 draft tokens: the query rows are 4n (far above 65535 at every n here); the kernel batch is n
-    rep = validator.check(doc("target_verify", n, server_args={"speculative_num_draft_tokens": 4}))
+    rep = validate_batch.check(doc("target_verify", n, server_args={"speculative_num_draft_tokens": 4}))
     assert rep.legal is legal and (("FI001" in rep.codes) is not legal)
     call = rep.batch_plan.calls[0].call
     assert (call.batch, call.q_len_per_request) == (n, 4)
@@ -62,13 +62,13 @@ def test_target_verify_limit_is_on_requests_not_rows(n, legal):
 
 @pytest.mark.parametrize("padded,legal", [(Z_MAX - 1, True), (Z_MAX, True), (Z_MAX + 1, False)])
 def test_cuda_graph_padding_is_the_kernel_batch(padded, legal):
-    rep = validator.check(doc("decode", 8, padded_rows=padded))
+    rep = validate_batch.check(doc("decode", 8, padded_rows=padded))
     assert rep.legal is legal and rep.batch_plan.calls[0].call.batch == padded
 
 
 def test_padded_verify_rows_over_draft_tokens():
     # 3 draft tokens; padding to 3 * 65536 rows is a captured batch of 65536 requests
-    rep = validator.check(doc("target_verify", 10, padded_rows=3 * (Z_MAX + 1),
+    rep = validate_batch.check(doc("target_verify", 10, padded_rows=3 * (Z_MAX + 1),
                               server_args={"speculative_num_draft_tokens": 3}))
     assert rep.batch_plan.calls[0].call.batch == Z_MAX + 1 and "FI001" in rep.codes
 
@@ -76,7 +76,7 @@ def test_padded_verify_rows_over_draft_tokens():
 @pytest.mark.parametrize("n,legal", [(Z_MAX, True), (Z_MAX + 1, False)])
 def test_draft_extend_pads_to_the_longest_request(n, legal):
     reqs = [{"id": f"r{i}", "extend_tokens": 1 + (i % 3), "prefix_len": 50} for i in range(n)]
-    rep = validator.check({"engine": ENGINE, "forward_mode": "draft_extend", "requests": reqs})
+    rep = validate_batch.check({"engine": ENGINE, "forward_mode": "draft_extend", "requests": reqs})
     call = rep.batch_plan.calls[0].call
     assert (call.batch, call.q_len_per_request) == (n, 3) and rep.legal is legal
 
@@ -84,24 +84,24 @@ def test_draft_extend_pads_to_the_longest_request(n, legal):
 def test_extend_runs_no_decode_kernel():
     # 70000 prefill tokens over 70000 requests: the ragged prefill, which FI001 does not judge
     reqs = [{"id": f"p{i}", "extend_tokens": 1, "prefix_len": 0} for i in range(Z_MAX + 1)]
-    rep = validator.check({"engine": ENGINE, "forward_mode": "extend", "requests": reqs})
+    rep = validate_batch.check({"engine": ENGINE, "forward_mode": "extend", "requests": reqs})
     assert rep.legal and rep.batch_plan.calls == []
 
 
 def test_heads_per_rank_from_tp():
-    rep = validator.check(doc("decode", 2, server_args={"tp_size": 8}))
+    rep = validate_batch.check(doc("decode", 2, server_args={"tp_size": 8}))
     assert rep.batch_plan.calls[0].call.h_q == 128 // 8
 
 
 def test_only_blackwell():
     with pytest.raises(InputError) as e:
-        validator.check(doc("decode", 1, gpu="H200"))
+        validate_batch.check(doc("decode", 1, gpu="H200"))
     assert e.value.field == "gpu" and "10.x or 12.x" in e.value.message
 
 
 @pytest.mark.parametrize("n,legal", [(Z_MAX - 1, True), (Z_MAX, True), (Z_MAX + 1, False)])
 def test_guard_verdict_and_check(n, legal):
-    guard = validator.Checker(engine=ENGINE)
+    guard = validate_batch.Checker(engine=ENGINE)
     assert guard.gpu.name == "B200" and guard.max_rows == Z_MAX
     v = guard.verdict("decode", seq_lens=[100] * n)
     assert v.legal is legal
@@ -113,7 +113,7 @@ def test_guard_verdict_and_check(n, legal):
 
 
 def test_guard_keeps_its_fast_path_and_falls_back_for_verify_rows():
-    guard = validator.Checker(engine=ENGINE, server_args={"speculative_num_draft_tokens": 4})
+    guard = validate_batch.Checker(engine=ENGINE, server_args={"speculative_num_draft_tokens": 4})
     # FI002 / FI003 judge plan() calls, which this profile never derives: every rule is decided by the bounds
     assert guard._bounds.complete
     # 20000 requests x 4 draft tokens = 80000 query rows > 65535, yet the kernel batch is 20000: legal
@@ -137,7 +137,7 @@ def test_bisect_picks_the_profile_from_the_decode_backend():
 def test_verify_split_is_minimal_in_requests():
     # 70000 requests x 4 draft tokens: the limit is 65535 requests per call, so two steps of whole requests
     n = 70000
-    rep = validator.check(doc("target_verify", n, server_args={"speculative_num_draft_tokens": 4}))
+    rep = validate_batch.check(doc("target_verify", n, server_args={"speculative_num_draft_tokens": 4}))
     assert [len(s) for s in rep.safe_split.steps] == [Z_MAX, n - Z_MAX]
 
 

@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from validator.cli import app
-from validator.ingest.crash_lines import ErrorEvent, classify_error
-from validator.ingest.launch import parse_launch
-from validator.ingest.scan import scan_lines
-from validator.ingest.signatures import SignatureDataError, all_signatures, matching_codes, possible
-from validator.knowledge import load
-from validator.ruleset import get_rule, rule, unregister
+from validate_batch.cli.main import app
+from validate_batch.ingest.crash_lines import ErrorEvent, classify_error
+from validate_batch.ingest.launch import parse_launch
+from validate_batch.ingest.scan import scan_lines
+from validate_batch.ingest.signatures import SignatureDataError, all_signatures, matching_codes, possible
+from validate_batch.facts.knowledge import load
+from validate_batch.legality.ruleset import get_rule, rule, unregister
 
 ROOT = Path(__file__).resolve().parents[1]
 

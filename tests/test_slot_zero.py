@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from validator import Checker, check
+from validate_batch import Checker, check
 
 R = 32
 SA = {"max_running_requests": R}

@@ -4,9 +4,9 @@ import random
 
 import pytest
 
-import validator
-from validator.bounds import RowRule
-from validator.split import _min_segments_rows
+import validate_batch
+from validate_batch.legality.bounds import RowRule
+from validate_batch.legality.split import _min_segments_rows
 
 
 def brute(tokens, ok):
@@ -51,7 +51,7 @@ def test_splitting_a_huge_decode_step_is_linear():
     n = L + 1
     doc = {"engine": "sglang-dsv4@pre-25418", "gpu": "H200", "forward_mode": "decode",
            "requests": [{"id": f"r{i}", "seq_len": 200} for i in range(n)]}
-    rep = validator.check(doc)
+    rep = validate_batch.check(doc)
     assert not rep.legal
     assert rep.safe_split.num_steps == 2
     assert [len(s) for s in rep.safe_split.steps] == [L, 1]

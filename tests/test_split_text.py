@@ -1,8 +1,8 @@
 """The one rendering of a safe split, read by reports, explain and bisect."""
 from __future__ import annotations
 
-import validator
-from validator.split_text import abbreviated, piece, split_lines, split_summary
+import validate_batch
+from validate_batch.output.split_text import abbreviated, piece, split_lines, split_summary
 
 
 def test_pieces_and_abbreviation():
@@ -13,19 +13,19 @@ def test_pieces_and_abbreviation():
 
 
 def test_every_output_renders_the_same_split():
-    v = validator.Checker(engine="sglang-dsv4@pre-25418").verdict("extend", extend_lens=[4096] * 3, rids=["p1", "p2", "p3"])
+    v = validate_batch.Checker(engine="sglang-dsv4@pre-25418").verdict("extend", extend_lens=[4096] * 3, rids=["p1", "p2", "p3"])
     d = v.safe_split.to_dict()
     lines = split_lines(d)
     assert lines[:4] == ["safe split:", "  2 step(s), whole requests in order:", "    step 1: p1, p2", "    step 2: p3"]
     # 11622 - 8192 = 3430 tokens of p3 fit in the first chunked step
     assert "    step 1: p1[0:4096], p2[0:4096], p3[0:3430]" in lines
-    assert "\n".join(lines) in validator.explain(v.report)
+    assert "\n".join(lines) in validate_batch.explain(v.report)
     assert split_summary(d) == "safe split: 2 step(s) of whole requests: p1, p2; p3"
     assert split_summary({"possible": False, "reason": "why"}) == "safe split: none (why)"
 
 
 def test_long_steps_print_as_a_range():
-    from validator.split_text import step_items
+    from validate_batch.output.split_text import step_items
 
     assert step_items(["a", "b"]) == "a, b"
     assert step_items([f"p{i}" for i in range(1, 11623)]) == "p1..p11622 (11622 requests)"
@@ -34,7 +34,7 @@ def test_long_steps_print_as_a_range():
 
 
 def test_wrapped_to_the_width():
-    from validator.split_text import wrapped
+    from validate_batch.output.split_text import wrapped
 
     line = "  prevent: --chunked-prefill-size 11622 - " + "word " * 30
     out = wrapped([line, "short"], 40)
@@ -47,7 +47,7 @@ def test_wrapped_to_the_width():
 def test_human_output_of_a_many_request_batch_is_abbreviated_and_wrapped(tmp_path):
     from typer.testing import CliRunner
 
-    from validator.cli import app
+    from validate_batch.cli.main import app
 
     reqs = "".join(f"  - {{id: p{i}, extend_tokens: 20}}\n" for i in range(1, 1201))
     f = tmp_path / "many.yaml"

@@ -15,12 +15,12 @@ import random
 import numpy as np
 import pytest
 
-from validator import Checker, InputError
-from validator.evaluate import plan_batch
-from validator.flashmla.calls import DecodeCall
-from validator.flashmla.plan import effective_lengths, plan
-from validator.knowledge import resolve_gpu
-from validator.registry import rules_for, run_rules, shape_rules
+from validate_batch import Checker, InputError
+from validate_batch.legality.evaluate import plan_batch
+from validate_batch.flashmla.calls import DecodeCall
+from validate_batch.flashmla.plan import effective_lengths, plan
+from validate_batch.facts.knowledge import resolve_gpu
+from validate_batch.legality.registry import rules_for, run_rules, shape_rules
 
 # every test here runs on the pure-Python paths and on the compiled helpers
 pytestmark = pytest.mark.usefixtures("impl")
@@ -185,7 +185,7 @@ def test_shape_only_rules_ignore_b_and_the_length_values():
 @pytest.mark.parametrize("gpu", ["H200", "B200"])
 @pytest.mark.parametrize("model", [{}, {"h_q": 96}, {"h_q": 128}, {"h_q": 32}])
 def test_engine_findings_equal_every_rule_on_calls_planned_from_scratch(gpu, model):
-    from validator.pipeline import check_engine_batch
+    from validate_batch.legality.pipeline import check_engine_batch
 
     rng = random.Random(len(model) + len(gpu))
     chk = Checker(engine=PRE, gpu=gpu, server_args={"speculative_num_draft_tokens": 2}, model=model)
@@ -243,7 +243,7 @@ def test_derived_plans_set_every_plan_and_call_field():
     # derived plans and calls are built field by field (no __init__): none may be missing
     import dataclasses
 
-    from validator.flashmla.plan import Plan
+    from validate_batch.flashmla.plan import Plan
 
     chk = Checker(engine=PRE, gpu="H200")
     for batch in (chk.batch("decode", seq_lens=[5, 900]), chk.batch("decode", seq_lens=[5] * 12000)):

@@ -11,9 +11,11 @@ import random
 import numpy as np
 import pytest
 
-from validator import Checker, InputError, cli, guard
-from validator.bounds import StepBounds
-from validator.flashmla.schedule import _walk_prefix, schedule_reference
+from validate_batch import Checker, InputError
+from validate_batch.cli import main as cli
+from validate_batch.guard import checker as guard
+from validate_batch.legality.bounds import StepBounds
+from validate_batch.flashmla.schedule import _walk_prefix, schedule_reference
 
 PRE = "sglang-dsv4@pre-25418"
 SETTINGS = {"chunked_prefill_size": 8192, "max_running_requests": 64, "speculative_num_draft_tokens": 4}

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from validator.api import check_calls
-from validator.flashmla.plan import plan
-from validator.kernel.check import diff_metadata, judge, model_view
-from validator.kernel.outcome import RunResult
-from validator.knowledge import load
+from validate_batch.api import check_calls
+from validate_batch.flashmla.plan import plan
+from validate_batch.kernel_mode.check import diff_metadata, judge, model_view
+from validate_batch.kernel_mode.outcome import RunResult
+from validate_batch.facts.knowledge import load
 
 MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
 VLLM, SGLFM = "vllm-0.33", "sgl-flash-mla-1.0.0"

@@ -19,8 +19,8 @@ import vllm_release
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from validator import LEGAL, BatchIllegalError, Checker, InputError
-from validator.api import check
+from validate_batch import LEGAL, BatchIllegalError, Checker, InputError
+from validate_batch.api import check
 
 ROOT = Path(__file__).resolve().parents[1]
 SMEM = 232448

@@ -2,18 +2,18 @@
 
 Importable without torch. Main entry points::
 
-    import validator
-    report = validator.check({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512})
+    import validate_batch
+    report = validate_batch.check({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512})
     report.legal, [f.code for f in report.findings]
-    p = validator.plan(record, gpu="H200"); p.num_sm_parts, p.schedule.metadata
-    guard = validator.Checker(engine="sglang-dsv4@0.5.10", gpu="H200")   # once per engine configuration
+    p = validate_batch.plan(record, gpu="H200"); p.num_sm_parts, p.schedule.metadata
+    guard = validate_batch.Checker(engine="sglang-dsv4@0.5.10", gpu="H200")   # once per engine configuration
     guard.verdict(schedule_batch)            # every step: LEGAL, or a verdict with the report and split
 """
 from .errors import BatchIllegalError, InputError
-from .explain import explain  # eager: the name is also a submodule's, which must not shadow it
-from .report import Finding, Report
+from .output.explain import explain  # eager: the name is also a submodule's, which must not shadow it
+from .legality.report import Finding, Report
 
-# The rest loads on first use (``validator.check``, ``from validator import Checker``): importing
+# The rest loads on first use (``validate_batch.check``, ``from validate_batch import Checker``): importing
 # one submodule (the command line, the pytest plugin) then does not load every room of the package.
 _LAZY = {"check": "api", "check_calls": "api", "plan": "api", "assert_legal": "api", "LEGAL": "guard",
          "Checker": "guard", "Headroom": "guard", "Verdict": "guard", "engine_settings": "guard", "GPU": "knowledge", "resolve_gpu": "knowledge"}
@@ -26,9 +26,9 @@ def __getattr__(name: str):
     if where == "api":
         from . import api as mod
     elif where == "guard":
-        from . import guard as mod
+        from .guard import checker as mod
     else:
-        from . import knowledge as mod
+        from .facts import knowledge as mod
     value = getattr(mod, name)
     globals()[name] = value
     return value

@@ -3,17 +3,24 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from .batch import is_batch_like
+from .inputs.batch import is_batch_like
 from .deepgemm import calls as deepgemm_calls
 from .errors import BatchIllegalError, InputError
 from .flashinfer import calls as flashinfer_calls
 from .flashmla import tensors
 from .flashmla.calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
 from .flashmla.plan import Plan, plan
-from .knowledge import GPU, resolve_gpu
-from .pipeline import check_batch
-from .report import Finding, Report
-from .ruleset import run_rules
+from .facts.knowledge import GPU, resolve_gpu
+from .legality.pipeline import check_batch
+from .legality.report import Finding, Report
+from .legality.ruleset import run_rules
+
+
+def build_name(build: str | None, kernel: str | None) -> str | None:
+    """``build=``, or ``kernel=``, its older name (an InputError when both name different builds)."""
+    if kernel is not None and build is not None and kernel != build:
+        raise InputError("kernel", f"given twice: build={build!r}, kernel={kernel!r} (kernel is the older name of build)")
+    return build if build is not None else kernel
 
 
 def _as_call(c: Any, where: str) -> KernelCall:
@@ -29,7 +36,7 @@ def check_plan(p: Plan) -> list[Finding]:
     return run_rules("call", p)
 
 
-def plan_any(c: Any, gpu: GPU, kernel: str | None = None, where: str = "call"):
+def plan_any(c: Any, gpu: GPU, build: str | None = None, where: str = "call"):
     """The plan of one call of any kernel family: a FlashMLA call or record, a FlashInfer or
     DeepGEMM record (by ``kind``), or a FlashMLA tensor check (``sched_meta_reuse``,
     ``decode_indices``). ``kernel`` names the FlashMLA build (the other families take ``version``)."""
@@ -40,26 +47,28 @@ def plan_any(c: Any, gpu: GPU, kernel: str | None = None, where: str = "call"):
         if kind in deepgemm_calls.KINDS:
             return deepgemm_calls.plan(c, gpu, prefix=where)
         if kind in tensors.SUBJECT_KINDS:
-            return tensors.subject_from_record(c, where, gpu, kernel)
-    return plan(_as_call(c, where), gpu, kernel)
+            return tensors.subject_from_record(c, where, gpu, build)
+    return plan(_as_call(c, where), gpu, build)
 
 
-def check_calls(calls: Iterable[Any], gpu: Any = "H200", kernel: str | None = None) -> Report:
+def check_calls(calls: Iterable[Any], gpu: Any = "H200", build: str | None = None, *,
+                kernel: str | None = None) -> Report:
     """Check kernel calls (records of any family, or DecodeCall objects) and return one Report."""
+    build = build_name(build, kernel)
     g = resolve_gpu(gpu)
     plans = []
     findings: list[Finding] = []
     for i, c in enumerate(calls):
-        p = plan_any(c, g, kernel, f"calls[{i}]")
+        p = plan_any(c, g, build, f"calls[{i}]")
         plans.append(p)
         findings.extend(check_plan(p))
     return Report(findings, plans)
 
 
-def check_sched_meta_reuse(planned: Any, reused: Any, gpu: Any = "H200", kernel: str | None = None) -> Report:
+def check_sched_meta_reuse(planned: Any, reused: Any, gpu: Any = "H200", build: str | None = None) -> Report:
     """FMLA018: may a schedule planned for ``planned`` be reused for ``reused`` (call records or
     :class:`DecodeCall`)? A Report naming what changed."""
-    s = tensors.reuse_check(planned, reused, gpu, kernel)
+    s = tensors.reuse_check(planned, reused, gpu, build)
     return Report(run_rules("call", s), [s])
 
 
@@ -70,21 +79,23 @@ def check_decode_indices(indices: Any, num_kv_tokens: int, topk_length: Any = No
     return Report(run_rules("call", s), [s])
 
 
-def check(obj: Any, gpu: Any = None, kernel: str | None = None, **kwargs) -> Report:
+def check(obj: Any, gpu: Any = None, build: str | None = None, *, kernel: str | None = None, **kwargs) -> Report:
     """Check one call record, a list of call records, or an engine batch; never raises on illegal input.
 
     Raises :class:`InputError` (field named) when the input itself is malformed.
     """
+    build = build_name(build, kernel)
     if is_batch_like(obj):
-        return check_batch(obj, gpu=gpu, kernel=kernel, **kwargs)
+        return check_batch(obj, gpu=gpu, build=build, **kwargs)
     if isinstance(obj, (list, tuple)):
-        return check_calls(obj, gpu or "H200", kernel)
-    return check_calls([obj], gpu or "H200", kernel)
+        return check_calls(obj, gpu or "H200", build)
+    return check_calls([obj], gpu or "H200", build)
 
 
-def assert_legal(obj: Any, gpu: Any = None, kernel: str | None = None, **kwargs) -> Report:
+def assert_legal(obj: Any, gpu: Any = None, build: str | None = None, *, kernel: str | None = None,
+                 **kwargs) -> Report:
     """Like :func:`check`, but raise :class:`BatchIllegalError` (with findings and safe split) if illegal."""
-    report = check(obj, gpu=gpu, kernel=kernel, **kwargs)
+    report = check(obj, gpu=gpu, build=build_name(build, kernel), **kwargs)
     if not report.legal:
         raise BatchIllegalError(report)
     return report

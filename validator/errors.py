@@ -16,9 +16,9 @@ class InputError(ValueError):
 
 
 class BatchIllegalError(Exception):
-    """Raised by :func:`validator.assert_legal` when a batch breaks a kernel or engine limit.
+    """Raised by :func:`validate_batch.assert_legal` when a batch breaks a kernel or engine limit.
 
-    Attributes: ``report`` (the full :class:`validator.report.Report`), ``findings`` (its error
+    Attributes: ``report`` (the full :class:`validate_batch.legality.report.Report`), ``findings`` (its error
     findings) and ``safe_split`` (the minimal split, or ``None`` when no split can help).
     """
 

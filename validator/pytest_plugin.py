@@ -6,7 +6,7 @@ Installed with the package, so any test suite can use it without configuration::
         batch = build_prefill_batch(...)                 # an SGLang ScheduleBatch, a vLLM
         batch_validator.assert_legal(batch)              # SchedulerOutput, a Batch or a batch document
 
-    from validator.pytest_plugin import assert_batch_legal
+    from validate_batch.pytest_plugin import assert_batch_legal
     assert_batch_legal(doc, engine="sglang-dsv4@0.5.10", gpu="H200", server_args={...})
 
 A failure lists every broken limit with its code, the numbers and the fix, then the minimal safe
@@ -31,7 +31,7 @@ ENGINE_KEYS = ("engine", "gpu", "server_args", "model", "buffers", "kernel")
 
 
 def _checker(**engine):
-    from .guard import Checker
+    from .guard.checker import Checker
 
     unknown = set(engine) - set(ENGINE_KEYS)
     if unknown:
@@ -40,7 +40,7 @@ def _checker(**engine):
 
 
 def _report(batch: Any, checker):
-    from .report import Report
+    from .legality.report import Report
 
     if isinstance(batch, Report):
         return batch
@@ -50,7 +50,7 @@ def _report(batch: Any, checker):
 
 
 def failure_message(report, what: str = "batch") -> str:
-    from .explain import explain
+    from .output.explain import explain
 
     return explain(report, what=what)
 
@@ -58,7 +58,7 @@ def failure_message(report, what: str = "batch") -> str:
 def assert_batch_legal(batch: Any, **engine):
     """Fail the calling test, with the findings and the safe split, if ``batch`` is illegal.
 
-    ``batch``: an engine object, a :class:`~validator.batch.Batch`, a batch document, a Report or a
+    ``batch``: an engine object, a :class:`~validate_batch.inputs.batch.Batch`, a batch document, a Report or a
     Verdict. ``engine``: ``engine``, ``gpu``, ``server_args``, ``model``, ``buffers``, ``kernel``
     (a document's own fields win over these). Returns the report when legal.
     """
@@ -154,7 +154,7 @@ def batch_validator(request) -> BatchValidator:
     ``@pytest.mark.validate_batch(engine="sglang-dsv4@0.5.23")`` or ``validate_batch_engine = ...``
     in the ini file, since a verdict is only true for the engine version (and its FlashMLA build).
     """
-    from .batch import default_profile
+    from .inputs.batch import default_profile
 
     marks = list(request.node.iter_markers("validate_batch"))
     ini_engine = request.config.getini("validate_batch_engine")
@@ -181,7 +181,7 @@ def _short(text: str, width: int = 110) -> str:
 def _compact(report) -> list[str]:
     """A few short lines (pytest truncates long explanations unless -vv): codes, fixes, the split."""
     errs = report.errors
-    lines = [f"batch is illegal: {', '.join(sorted({f.code for f in errs}))} (full account: validator.explain(report))"]
+    lines = [f"batch is illegal: {', '.join(sorted({f.code for f in errs}))} (full account: validate_batch.explain(report))"]
     for f in errs[:3]:
         lines.append(_short(f"{f.code}: {f.message}"))
         if f.fix:
@@ -198,8 +198,8 @@ def _compact(report) -> list[str]:
 
 
 def _explained(obj) -> list[str] | None:
-    from .guard import Verdict
-    from .report import Report
+    from .guard.checker import Verdict
+    from .legality.report import Report
 
     if isinstance(obj, Verdict) and not obj.legal:
         return _compact(obj.report)
@@ -212,7 +212,7 @@ def pytest_assertrepr_compare(config, op, left, right):
     """Explain ``assert <report or verdict> == LEGAL`` (or ``== True``) with the findings and the split."""
     if op != "==":
         return None
-    from .guard import LEGAL
+    from .guard.checker import LEGAL
 
     for obj, other in ((left, right), (right, left)):
         if other is LEGAL or other is True:

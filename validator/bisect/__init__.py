@@ -1,9 +1,9 @@
 """Crash-report bisection: from engine evidence to the crashing step, the rule, the boundary, the fix.
 
-Evidence (a log scanned by :mod:`validator.ingest.scan`, a crash dump, a launch command) gives, per
+Evidence (a log scanned by :mod:`validate_batch.ingest.scan`, a crash dump, a launch command) gives, per
 DP rank, the steps around the crash. From it this package builds *candidate* crashing steps as
 batch documents (:mod:`.builder`, :mod:`.without_steps`, :mod:`.docs`), asks the project's checker
-about them (:mod:`.evaluate`, through ``validator.check``), and bisects the one quantity that varies -
+about them (:mod:`.evaluate`, through ``validate_batch.check``), and bisects the one quantity that varies -
 query rows, slot index or batch size - to find the largest legal value (:mod:`.boundary`).
 Nothing here knows a limit: every verdict and boundary comes from the checker, so a new GPU, kernel
 generation or engine version is a data change elsewhere; what bisection itself assumes about
@@ -19,10 +19,10 @@ from .builder import Builder, running_len
 from .data import default_max_prefill_tokens, era_releases, in_model_family
 from .diagnose import BisectOptions, diagnose
 from .docs import MAX_SYNTH_REQUESTS, decode_doc, prefill_doc, server_args, spec_tokens
-from .evaluate import add_headroom, evaluate
+from .candidates import add_headroom, evaluate
 from .fixes import propose_fixes
 from .kernel import kernel_hook
-from .profiles import choose_profile, versions_to_try
+from .engine_choice import choose_profile, versions_to_try
 from .results import Boundary, Candidate, Diagnosis
 
 __all__ = ["diagnose", "BisectOptions", "Diagnosis", "Candidate", "Boundary", "BisectChecker", "find_boundary",

@@ -4,14 +4,14 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..api import check
-from ..search import largest_legal
+from ..legality.search import largest_legal
 from .results import Boundary
 
 MAX_VALUE = 1 << 22          # search cap for a quantity (rows, slots, batch size)
 
 
 class BisectChecker:
-    """``validator.check`` with a call count; every verdict of bisection comes through here. With
+    """``validate_batch.check`` with a call count; every verdict of bisection comes through here. With
     ``keep_code`` (``--select`` / ``--ignore``) only the findings of the rule codes it keeps count."""
 
     def __init__(self, gpu: Any = None, kernel_gen: str | None = None, keep_code: Callable[[str], bool] | None = None):
@@ -45,7 +45,7 @@ def error_codes(report, targets: set[str] | None) -> list[str]:
 def find_boundary(make: Callable[[int], dict], checker: BisectChecker, lo: int, observed: int | None,
                   targets: set[str] | None, quantity: str, cap: int = MAX_VALUE) -> Boundary:
     """Largest ``v >= lo`` whose batch the checker finds legal (for the ``targets`` codes), by
-    galloping up from ``observed`` (or ``lo``) and bisecting (:func:`validator.search.largest_legal`);
+    galloping up from ``observed`` (or ``lo``) and bisecting (:func:`validate_batch.legality.search.largest_legal`);
     assumes legality is monotone in ``v``."""
     cache: dict[int, list[str]] = {}
 

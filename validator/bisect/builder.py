@@ -14,8 +14,8 @@ from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import RankTimeline
 from ..ingest.sglang_log import Step
-from ..modes import Mode
-from ..profiles.slots import default_extra_slots
+from ..facts.modes import Mode
+from ..engines.slots import default_extra_slots
 from .data import default_max_prefill_tokens, in_model_family
 from .docs import MAX_SYNTH_REQUESTS, decode_doc, prefill_doc, server_args, spec_tokens
 from .results import Candidate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..knowledge import load
+from ..facts.knowledge import load
 
 
 def era_releases(era_label: str) -> list[str]:

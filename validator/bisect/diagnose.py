@@ -9,15 +9,15 @@ from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
-from ..profiles import get_profile, provided_by
+from ..engines import get_profile, provided_by
 from .boundary import BisectChecker
 from .builder import Builder
 from .consistency import budget_check, cross_check, survival_check
-from .evaluate import add_headroom, evaluate
-from .explain import build_explanation, completed_reason, error_targets
+from .candidates import add_headroom, evaluate
+from .attribution import build_explanation, completed_reason, error_targets
 from .fixes import propose_fixes
 from .kernel import kernel_hook
-from .profiles import backend_profile, choose_profile, versions_known, versions_to_try
+from .engine_choice import backend_profile, choose_profile, versions_known, versions_to_try
 from .results import Candidate, Diagnosis
 from .vllm import diagnose_vllm, diagnose_vllm_without_dump, engine_of, vllm_profile_note
 from .without_steps import candidates_without_steps

@@ -1,10 +1,10 @@
-"""Batch documents for ``validator.check``: the settings a batch carries, and synthetic prefill and
+"""Batch documents for ``validate_batch.check``: the settings a batch carries, and synthetic prefill and
 decode steps with a given number of rows, requests or a given slot."""
 from __future__ import annotations
 
 from ..ingest.launch import EngineConfig
-from ..modes import Mode
-from ..names import BATCH_SETTINGS, ENV_SETTINGS, env_value
+from ..facts.modes import Mode
+from ..facts.names import BATCH_SETTINGS, ENV_SETTINGS, env_value
 
 MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import InputError
 from ..ingest.launch import EngineConfig
-from ..profiles import provided_by
+from ..engines import provided_by
 from .boundary import BisectChecker
 from .docs import prefill_doc, server_args, spec_tokens
 from .results import Candidate

@@ -9,12 +9,12 @@ from .results import Candidate
 
 def kernel_hook(c: Candidate | None, checker: BisectChecker, console: Any = None) -> dict:
     """Kernel mode: run the crashing step's FlashMLA calls on the real kernels through
-    ``validator.kernel.check.kernel_check_report`` (one child process per call) and return its
+    ``validate_batch.kernel_mode.check.kernel_check_report`` (one child process per call) and return its
     JSON-able result; when kernel mode is not built in, say so instead."""
     if c is None or c.batch is None:
         return {"available": False, "reason": "no crashing step to run"}
     try:
-        from ..kernel.check import kernel_check_report  # type: ignore[import-not-found]
+        from ..kernel_mode.check import kernel_check_report  # type: ignore[import-not-found]
     except ImportError as e:
         return {"available": False, "reason": f"kernel mode is not available in this build ({e})"}
     try:

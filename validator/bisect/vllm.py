@@ -6,12 +6,12 @@ from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
-from ..knowledge import load
-from ..profiles import resolve_version
+from ..facts.knowledge import load
+from ..engines import resolve_version
 from .boundary import BisectChecker
 from .data import in_model_family, vllm_profile_for
-from .evaluate import evaluate
-from .explain import build_explanation
+from .candidates import evaluate
+from .attribution import build_explanation
 from .results import Candidate, Diagnosis
 
 #: the settings a vLLM profile reads, passed from the log's configuration

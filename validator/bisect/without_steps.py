@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
-from ..modes import Mode
+from ..facts.modes import Mode
 from .builder import Builder
 from .docs import decode_doc, prefill_doc, spec_tokens
 from .results import Candidate

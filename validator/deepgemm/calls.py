@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import InputError
-from ..fields import bool_field, field_name, int_field
-from ..formula import Formula, formula_field
-from ..knowledge import GPU, load, resolve_gpu
-from ..limits import echo
+from ..facts.fields import bool_field, field_name, int_field
+from ..facts.formula import Formula, formula_field
+from ..facts.knowledge import GPU, load, resolve_gpu
+from ..facts.limits import echo
 
 RULE_KIND = "deepgemm"
 KINDS = ("paged_mqa_logits_metadata",)

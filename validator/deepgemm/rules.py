@@ -1,9 +1,9 @@
 """DG0xx: limits of DeepGEMM's paged MQA-logits metadata (the DSA indexer's scheduler)."""
 from __future__ import annotations
 
-from ..failure import Failure
-from ..knowledge import load, sm_name
-from ..registry import rule
+from ..legality.failure import Failure
+from ..facts.knowledge import load, sm_name
+from ..legality.registry import rule
 from .calls import RULE_KIND, DeepGemmPlan, plan, version
 
 

@@ -15,9 +15,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..fields import field_name, int_field
-from ..knowledge import GPU, load, resolve_gpu
-from ..limits import echo
+from ..facts.fields import field_name, int_field
+from ..facts.knowledge import GPU, load, resolve_gpu
+from ..facts.limits import echo
 
 #: the rule kinds of the two call families: rules over trtllm-gen decode calls and over MLA ``plan()``
 #: calls (an engine profile that derives only decode calls is judged by the first kind's rules)

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..failure import Failure
-from ..knowledge import grid_limits
-from ..registry import rule
+from ..legality.failure import Failure
+from ..facts.knowledge import grid_limits
+from ..legality.registry import rule
 from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall
 
 

@@ -12,8 +12,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import InputError
-from ..fields import bool_field, field_name, int_array_within, int_field, min_max
-from ..limits import echo
+from ..facts.fields import bool_field, field_name, int_array_within, int_field, min_max
+from ..facts.limits import echo
 
 INT32_MAX = 2**31 - 1
 # Sizes beyond these are not batches any GPU could hold; they are rejected as input errors before

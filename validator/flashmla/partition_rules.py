@@ -6,9 +6,9 @@ extension, but one copy clamps a count of 0 to 1 and another launches its schedu
 """
 from __future__ import annotations
 
-from ..failure import Failure
-from ..knowledge import build
-from ..registry import rule
+from ..legality.failure import Failure
+from ..facts.knowledge import build_record
+from ..legality.registry import rule
 from .calls import DecodeCall
 from .plan import Plan
 
@@ -74,7 +74,7 @@ def dense_fp8_no_partition(p: Plan):
     c = p.call
     if not isinstance(c, DecodeCall) or c.kind != "dense_fp8" or p.implementation is None:
         return None
-    fact = build(p.gen["build"]).get(PARTS_KEY)
+    fact = build_record(p.gen["build"]).get(PARTS_KEY)
     if fact is None or fact.get("clamped", True):
         return None
     if unclamped_parts(p) > 0:

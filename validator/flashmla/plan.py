@@ -8,8 +8,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..formula import Formula, formula_field
-from ..knowledge import GPU, build, generation, resolve_gpu
+from ..facts.formula import Formula, formula_field
+from ..facts.knowledge import GPU, build_record, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
 
@@ -296,9 +296,9 @@ class Plan:
     def schedule(self) -> Schedule | None:
         """The scheduler's output (fast path), or None when the scheduler never runs.
 
-        With a ``memo`` (a :class:`validator.Checker` passes its own), the walk of a non-uniform
+        With a ``memo`` (a :class:`validate_batch.Checker` passes its own), the walk of a non-uniform
         schedule is reused from an earlier step with the same block counts
-        (see :class:`~validator.flashmla.schedule.WalkMemo`): the result is the same.
+        (see :class:`~validate_batch.flashmla.schedule.WalkMemo`): the result is the same.
         """
         if not self.scheduler_runs:
             return None
@@ -432,15 +432,15 @@ def hoisted(gen: dict) -> dict:
     return out
 
 
-def plan(call: KernelCall | dict, gpu="H200", kernel: str | None = None) -> Plan:
+def plan(call: KernelCall | dict, gpu="H200", build: str | None = None) -> Plan:
     """Plan one call. ``call`` may be a :class:`DecodeCall` or an oracle-format record (dict)."""
     if isinstance(call, dict):
         call = call_from_record(call)
     g = resolve_gpu(gpu)
-    build(kernel)                   # a bad name is an InputError here, before any cache sees it
+    build_record(build)                   # a bad name is an InputError here, before any cache sees it
     if isinstance(call, SparsePrefillCall):
-        return Plan(call, g, generation(kernel, "prefill", call.use_legacy, g.arch), None, None)
-    gen = generation(kernel, call.kind, call.use_legacy, g.arch)
+        return Plan(call, g, generation(build, "prefill", call.use_legacy, g.arch), None, None)
+    gen = generation(build, call.kind, call.use_legacy, g.arch)
     if call.entry == "get_mla_decoding_metadata":
         gen = hoisted(gen)
     impl = select_implementation(call, g, gen)

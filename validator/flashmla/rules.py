@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..failure import Failure
-from ..knowledge import grid_limits, path_archs, sm_list, sm_name
-from ..registry import rule
+from ..legality.failure import Failure
+from ..facts.knowledge import grid_limits, path_archs, sm_list, sm_name
+from ..legality.registry import rule
 from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
 from .plan import plan as make_plan
@@ -38,17 +38,17 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _page_plan(kernel: str) -> Plan:
+def _page_plan(build: str) -> Plan:
     """A one-row sparse decode call on an H200 planned on ``kernel``: the facts pages quote."""
     return make_plan({"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
-                     kernel=kernel)
+                     build=build)
 
 
 def sched_smem_page() -> dict:
     """The numbers FMLA001's page quotes: FlashMLA 9241ae3's scheduler on an H200 (``rules/gpus.json``,
     ``rules/flashmla.json``), for the page's example call."""
     p = make_plan({"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
-                  kernel="flashmla-9241ae3")
+                  build="flashmla-9241ae3")
     return {"smem_optin": p.gpu.smem_optin, "max_rows": p.max_sched_rows, "example_smem": p.sched_smem_bytes}
 
 
@@ -862,7 +862,7 @@ def sched_fallback(p: Plan):
 def static_batch_page() -> dict:
     """The numbers FMLA016's page quotes: the dense fp8 scheduler's array size (``rules/flashmla.json``)."""
     p = make_plan({"kind": "dense_fp8", "b": 1, "s_q": 1, "h_q": 128, "seqlens": [1]}, gpu="H200",
-                  kernel="sgl-flash-mla-1.0.0")
+                  build="sgl-flash-mla-1.0.0")
     return {"max_b": p.gen["max_batch"]["max_b"]}
 
 

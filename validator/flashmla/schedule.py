@@ -22,7 +22,7 @@ Both return a :class:`Schedule` whose ``metadata`` is the ``[P, 8]`` int32 tile 
 which the kernel never writes, is 0) and ``num_splits`` the cumulative ``[b + 1]`` int32 array; both
 are derived lazily, only when somebody asks for them.
 
-When the compiled helpers are built (:mod:`validator._accel`), the non-uniform walk is one forward
+When the compiled helpers are built (:mod:`validate_batch._accel`), the non-uniform walk is one forward
 pass over the requests in C (the boundaries only move forward, so no search is needed), and the
 metadata rows and ``num_splits`` come from one pass of the kernel's own loop in C; the Schedule
 keeps the walk's starts and events packed until they are read. The pure-Python paths below give the
@@ -697,7 +697,7 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     Exactly the same Schedule (see :class:`WalkMemo`); for uniform lengths the memo keeps the
     period of the walk (a function of b, P, F and the width). With the compiled walk, non-uniform
     schedules are walked every time and nothing of them is stored. ``memo``: the memo to use; its
-    owner (a :class:`validator.Checker`) decides its lifetime.
+    owner (a :class:`validate_batch.Checker`) decides its lifetime.
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:

@@ -7,7 +7,7 @@ decode indices. Each check is a small plan-like subject that the ``FMLA018`` / `
 * :func:`check_decode_indices`: sparse decode indices. The kernels skip exactly ``-1``; any other value
   outside the KV cache is turned into an address and read.
 
-Both take numpy arrays, lists or (CPU or GPU) tensors and return a :class:`~validator.report.Report`.
+Both take numpy arrays, lists or (CPU or GPU) tensors and return a :class:`~validate_batch.legality.report.Report`.
 Records for ``validate-batch check``: ``{"kind": "sched_meta_reuse", "planned": CALL, "reused": CALL}``
 and ``{"kind": "decode_indices", "indices": [[...]], "num_kv_tokens": N, "topk_length": [...]}``.
 """
@@ -19,9 +19,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..fields import field_name, int_field
-from ..knowledge import GPU, resolve_gpu
-from ..limits import echo
+from ..facts.fields import field_name, int_field
+from ..facts.knowledge import GPU, resolve_gpu
+from ..facts.limits import echo
 from .calls import INT32_MAX, DecodeCall, call_from_record
 from .plan import Plan, plan
 
@@ -143,7 +143,7 @@ class IndicesCheck:
         return out
 
 
-def reuse_check(planned: Any, reused: Any, gpu: Any = "H200", kernel: str | None = None, label: str = "") -> ReuseCheck:
+def reuse_check(planned: Any, reused: Any, gpu: Any = "H200", build: str | None = None, label: str = "") -> ReuseCheck:
     """The subject of FMLA018 from two calls (records or :class:`DecodeCall`)."""
     g = resolve_gpu(gpu)
     calls = []
@@ -153,7 +153,7 @@ def reuse_check(planned: Any, reused: Any, gpu: Any = "H200", kernel: str | None
         if not isinstance(c, DecodeCall):
             raise InputError(name, "expected a decode call record (sparse or dense)")
         calls.append(c)
-    return ReuseCheck(plan(calls[0], g, kernel), plan(calls[1], g, kernel), label)
+    return ReuseCheck(plan(calls[0], g, build), plan(calls[1], g, build), label)
 
 
 def indices_check(indices: Any, num_kv_tokens: int, topk_length: Any = None, gpu: Any = "H200",
@@ -172,7 +172,7 @@ def indices_check(indices: Any, num_kv_tokens: int, topk_length: Any = None, gpu
     return IndicesCheck(idx if idx.ndim > 1 else idx.reshape(1, -1), n, tl, resolve_gpu(gpu), label)
 
 
-def subject_from_record(rec: Mapping, prefix: str, gpu: GPU, kernel: str | None):
+def subject_from_record(rec: Mapping, prefix: str, gpu: GPU, build: str | None):
     """A ``sched_meta_reuse`` or ``decode_indices`` record as its subject."""
     kind = rec.get("kind")
     keys = REUSE_KEYS if kind == "sched_meta_reuse" else INDICES_KEYS
@@ -184,8 +184,8 @@ def subject_from_record(rec: Mapping, prefix: str, gpu: GPU, kernel: str | None)
         for k in ("planned", "reused"):
             if not isinstance(rec.get(k), Mapping):
                 raise InputError(field_name(prefix, k), "expected a decode call record")
-        return ReuseCheck(plan(call_from_record(rec["planned"], field_name(prefix, "planned")), gpu, kernel),
-                          plan(call_from_record(rec["reused"], field_name(prefix, "reused")), gpu, kernel), label)
+        return ReuseCheck(plan(call_from_record(rec["planned"], field_name(prefix, "planned")), gpu, build),
+                          plan(call_from_record(rec["reused"], field_name(prefix, "reused")), gpu, build), label)
     if "indices" not in rec:
         raise InputError(field_name(prefix, "indices"), "missing")
     try:

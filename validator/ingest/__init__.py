@@ -3,7 +3,7 @@ dumps), SGLang crash dumps (restricted unpickling), launch commands and ``Server
 Error lines are read by one table of recognisers (:mod:`.recognisers`: a new error-line format
 is a row there), the table kernel mode reads its children's output with too.
 
-Nothing here judges a batch; :mod:`validator.bisect` turns the evidence into candidate steps and
+Nothing here judges a batch; :mod:`validate_batch.bisect` turns the evidence into candidate steps and
 asks the checker.
 """
 from __future__ import annotations

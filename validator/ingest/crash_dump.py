@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import limits
+from ..facts import limits
 from ..errors import InputError
-from ..limits import echo
+from ..facts.limits import echo
 
 MAX_DUMP_BYTES = 512 * 1024 * 1024
 MAX_PLAIN_DEPTH = 200

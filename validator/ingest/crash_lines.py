@@ -3,10 +3,10 @@ numbers it carries, how the process ended (``failure``), the library that printe
 log it is (line, rank, timestamp).
 
 How a line is read is not decided here: every error-line format is one row of the recogniser table in
-:mod:`validator.ingest.recognisers` (a new format goes there, with a fixture line in
+:mod:`validate_batch.ingest.recognisers` (a new format goes there, with a fixture line in
 ``fixtures/error_lines.jsonl``), shared with kernel mode. Which rules explain an error is not decided
 here either: each rule's ``signatures`` in ``rules/catalog.json`` say which error lines it produces
-(:mod:`validator.ingest.signatures`).
+(:mod:`validate_batch.ingest.signatures`).
 """
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
-from ..limits import echo
-from ..names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, check_server_arg, normalize_setting
+from ..facts.limits import echo
+from ..facts.names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, check_server_arg, normalize_setting
 from .reprparse import Call, parse_call_at, scalar
 
 LAUNCH_MARKERS = (

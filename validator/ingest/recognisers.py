@@ -13,7 +13,7 @@ several (CUTLASS's TMA descriptor dump: the row's :class:`Block` says which line
 source files name a FlashMLA crash class is data: every kernel generation's ``error_site`` in
 ``rules/flashmla.json`` and the other builds' sites in ``rules/crash_sites.json`` (:func:`site_patterns`).
 Which rules explain an error is not decided here: each rule's ``signatures`` say which error lines it
-produces (:mod:`validator.ingest.signatures`).
+produces (:mod:`validate_batch.ingest.signatures`).
 
 Every pattern stays linear in the length of the line: no part of a pattern can take another part's
 characters (a hostile line of repeated characters must not backtrack), and the source-site formats read
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterable, NamedTuple
 
-from ..knowledge import load
-from ..limits import parse_int
+from ..facts.knowledge import load
+from ..facts.limits import parse_int
 
 # kind -> (specificity, quantity that varies). The most specific error of a run or a log is its cause.
 KINDS: dict[str, tuple[int, str | None]] = {
@@ -469,7 +469,7 @@ def prefilter(table: tuple[Recogniser, ...]) -> tuple[str, ...]:
 def classify(line: str) -> Recognised | None:
     """The error a log or output line reports, read by the first row of :data:`RECOGNISERS` that reads
     it; or None. Its ``numbers`` carry ``failure`` (how the process ended, when the line says it) and
-    ``library``; a number too long to be real raises :class:`validator.errors.InputError`."""
+    ``library``; a number too long to be real raises :class:`validate_batch.errors.InputError`."""
     table = RECOGNISERS
     low = line.lower()
     if not any(m in low for m in prefilter(table)):

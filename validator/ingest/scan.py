@@ -5,7 +5,7 @@ counters and the largest prefill seen), errors and examples are capped, and a li
 ``MAX_LINE`` characters is cut (and counted). Every line lands in exactly one counted category:
 scheduler step, mirrored step (the same batch printed by another TP rank), batch-like line that did
 not parse (examples kept), error, configuration, vLLM dump, or other. Error lines are read by the
-recogniser table of :mod:`validator.ingest.recognisers` (a new error-line format is a row there), and
+recogniser table of :mod:`validate_batch.ingest.recognisers` (a new error-line format is a row there), and
 a dump that spans lines (CUTLASS's TMA descriptor) by its row's block.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator
 
-from .. import limits
+from ..facts import limits
 from ..errors import InputError
-from ..limits import parse_int
-from ..names import normalize_setting
+from ..facts.limits import parse_int
+from ..facts.names import normalize_setting
 from .crash_lines import ErrorEvent
 from .recognisers import OpenBlock, Recognised, classify, open_block
 from .launch import DP_CHUNK_WARNING, EngineConfig, entry_point, find_launch, parse_launch, server_args_from_line

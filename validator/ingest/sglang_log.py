@@ -19,7 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InputError
-from ..limits import echo, parse_int
+from ..facts.limits import echo, parse_int
 
 # "[2026-04-27 16:44:38 DP3 TP6] " with optional .mmm and any reporter placeholder for the time.
 _PREFIX = re.compile(

@@ -1,5 +1,5 @@
 """Which rules an error line is the signature of: the ``signatures`` each rule's definition declares
-(:mod:`validator.signature`), read through the registry (a rule registered at run time counts too).
+(:mod:`validate_batch.legality.signature`), read through the registry (a rule registered at run time counts too).
 
 A rule explains a crash only when one of its signatures matches the error line (see
 :func:`matching`). A signature is ``{"file", "lines", "message", "failure", "builds"}``:
@@ -20,8 +20,8 @@ gives at most a *possible* rule (:func:`possible`), reported as such.
 """
 from __future__ import annotations
 
-from ..ruleset import all_signatures
-from ..signature import Signature, SignatureDataError
+from ..legality.ruleset import all_signatures
+from ..legality.signature import Signature, SignatureDataError
 from .crash_lines import ErrorEvent
 
 __all__ = ["Signature", "SignatureDataError", "all_signatures", "matching", "matching_codes", "possible",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InputError
-from ..limits import echo
+from ..facts.limits import echo
 from .reprparse import Call, ReprParseError, parse_call_at
 
 MARKER = "Dumping scheduler output"

@@ -1,0 +1,72 @@
+"""Engine profiles, one module each; ``rules/engines.json`` names them and holds their data.
+
+A profile entry's ``module`` names the module here that implements it (its ``PROFILE``); adding a
+profile is a data entry plus one module.
+
+Owns: one module per profile (its configuration part, step derivation, the quantities it provides and their
+bounds), the one row counter of a forward, chunked prefill as the engine forms its steps, and the engine
+rules (``SGL``, ``SLOT``). May import: ``facts``, ``inputs``, the kernel families (``flashmla``,
+``flashinfer``, ``deepgemm``), and ``legality.registry`` / ``legality.report`` to register its rules.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import import_module
+
+from ..errors import InputError
+from ..facts.knowledge import load
+from .base import BatchPlan, DerivedCall, Profile
+
+
+def profile_names() -> list[str]:
+    return list(load("engines")["profiles"])
+
+
+@lru_cache(maxsize=None)
+def get_profile(name: str) -> Profile:
+    """The profile object of a profile name (as :func:`validate_batch.inputs.batch.parse_engine` resolved it)."""
+    entry = load("engines")["profiles"].get(name)
+    if entry is None:
+        raise InputError("engine", f"unknown engine profile {name!r}; known: {', '.join(profile_names())}")
+    return import_module(f"{__name__}.{entry['module']}").PROFILE
+
+
+def engine_family(name: str) -> str:
+    """The engine a profile models (``sglang`` or ``vllm``), from its entry's ``engine``."""
+    entry = load("engines")["profiles"].get(name, {})
+    return entry.get("engine", name.split("-", 1)[0])
+
+
+def provided_by(names) -> frozenset:
+    """The per-step quantities the named profiles provide together (``rows``, ``slots``)."""
+    return frozenset().union(*(get_profile(n).provides for n in names)) if names else frozenset()
+
+
+def _vtuple(v: str) -> tuple[int, ...] | None:
+    parts = v.lstrip("v").split(".")
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=256)       # keyed by the version strings users give: bounded
+def resolve_version(profile: str, version: str | None) -> dict:
+    """The version entry of a profile: by alias, by name, or by release number ranges."""
+    prof = load("engines")["profiles"][profile]
+    want = version or prof["default_version"]
+    for v in prof["versions"]:
+        if want == v["name"] or want in v.get("aliases", []):
+            return v
+    num = _vtuple(want)
+    if num is not None:
+        for v in prof["versions"]:
+            lo, hi = v.get("min_release"), v.get("max_release")
+            if (lo is None or num >= _vtuple(lo)) and (hi is None or num <= _vtuple(hi)):
+                return {**v, "matched_release": want}
+    names = [v["name"] for v in prof["versions"]] + [a for v in prof["versions"] for a in v.get("aliases", [])]
+    raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
+
+
+__all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by",
+           "resolve_version"]

@@ -1,0 +1,448 @@
+"""``sglang-dsv4``: SGLang's DeepSeek-V4 attention backend.
+
+One FlashMLA call per compression ratio (SWA, 4, 128) with ``b`` = the query rows of the forward
+(one row per token), routed to ``flash_mla_sparse_fwd`` for large extend forwards in versions that
+have the routing. Provides the ``rows`` quantity (counted by :mod:`validate_batch.engines.forward`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from ..inputs.batch import Batch, request_arrays, request_contexts
+from ..errors import InputError
+from ..facts.fields import min_max, positive_int
+from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
+from ..flashmla.plan import Plan, plan
+from .forward import draft_tokens, forward_rows
+from ..facts.knowledge import load
+from ..facts.modes import Mode
+from ..legality.ruleset import shape_rules
+from .base import BatchPlan, DerivedCall, Profile
+from .rules import precompute_formula
+
+NAME = "sglang-dsv4"
+
+
+def _data() -> dict:
+    return load("engines")["profiles"][NAME]
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[i], starts[i] + counts[i])`` over i, without a Python loop."""
+    n = int(counts.sum()) if counts.shape[0] else 0
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    first = np.cumsum(counts) - counts          # position of each request's first row
+    return np.repeat(starts - first, counts) + np.arange(n, dtype=np.int64)
+
+
+def causal_lengths(batch: Batch, rows: int) -> np.ndarray:
+    """Per query row, the number of KV tokens it attends to (causal), in row order.
+
+    Request by request: a target-verify request has ``draft`` rows attending to ``context_len ..
+    context_len + draft - 1`` tokens; a decode entry one row attending to ``context_len``; an extend
+    request one row per new token, attending to ``prefix + 1 .. prefix + n``. Merged running decodes
+    follow; rows the engine pads with are 0.
+    """
+    mode = batch.forward_mode
+    if mode.is_decode():                 # one row per entry: its context
+        arr = request_contexts(batch.requests)
+    elif mode.is_target_verify():        # d rows per request: context .. context + d - 1
+        ctx = request_contexts(batch.requests)
+        arr = (ctx[:, None] + np.arange(draft_tokens(batch), dtype=np.int64)).reshape(-1)
+    else:
+        d = draft_tokens(batch)
+        ext, pre, ctx, is_dec = request_arrays(batch.requests)
+        n_ext = np.where(ext > 0, ext, d) if mode.is_draft_extend() else ext
+        starts = np.where(is_dec, ctx, pre + 1)
+        counts = np.where(is_dec, 1, n_ext)
+        arr = _ranges(starts, counts)
+    if batch.mixed:
+        arr = np.concatenate([arr, np.array([r.context_len for r in batch.running], dtype=np.int64)])
+    if arr.shape[0] < rows:
+        arr = np.concatenate([arr, np.zeros(rows - arr.shape[0], dtype=np.int64)])
+    return arr
+
+
+def heads_per_rank(batch: Batch, defaults: dict) -> int:
+    """Query heads per attention rank: ``model.h_q``, or the model's heads over the attention TP
+    degree padded to 64, or the profile's default."""
+    m = batch.model
+    if "h_q" in m:
+        return positive_int(m["h_q"], "model.h_q")
+    if "num_attention_heads" in m:
+        n = positive_int(m["num_attention_heads"], "model.num_attention_heads")
+        tp = int(batch.arg("tp_size", 1) or 1)
+        attn_tp = max(tp // batch.attn_dp_size(), 1)
+        per = -(-n // attn_tp)
+        return -(-per // 64) * 64
+    return defaults["h_q"]
+
+
+# ----------------------------------------------------------------------------------- call shapes
+@lru_cache(maxsize=1024)
+def _shape_plan(gpu, build: str | None, h_q: int, d_qk: int, topk: int, extra_topk: int | None, page: int,
+                extra_page: int | None, label: str, use_legacy: bool | None = None) -> Plan:
+    """The plan of a DeepSeek-V4 call shape, computed once per configuration.
+
+    ``plan`` picks the implementation and ``num_sm_parts`` from the call's shape (path, heads,
+    head dimension, s_q) and the GPU, never from ``b`` or the per-row lengths, so a step's calls
+    reuse these and only their rows change (see :func:`step_plan`).
+    """
+    return plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, extra_topk=extra_topk,
+                           page=page, extra_page=extra_page, label=label, use_legacy=use_legacy), gpu, build)
+
+
+@lru_cache(maxsize=1024)
+def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool) -> frozenset:
+    """Codes of the shape-only rules that find nothing for calls of ``shape`` with these length
+    arrays present: they find nothing for any ``b`` and any length values (see the registry), so
+    the calls derived every step skip them."""
+    one = np.zeros(1, dtype=np.int64)
+    p = step_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, quiet=frozenset())
+    return frozenset(r.code for r in shape_rules() if not r.func(p))
+
+
+def step_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
+              quiet: frozenset | None = None) -> Plan:
+    """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
+    the shape's work. ``ranges``: the exact ``(min, max)`` of the length arrays when known;
+    ``quiet``: the shape-only rules that are silent for this shape (None: look them up)."""
+    call = shape.call.with_rows(b, topk_length, extra_topk_length, ranges)
+    if quiet is None:
+        quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None)
+    return shape.for_call(call, memo, quiet)
+
+
+@dataclass(frozen=True)
+class Dsv4Setup:
+    """What a DeepSeek-V4 forward's calls depend on besides the step: the per-ratio call shapes
+    (planned once, with their silent shape-only rules), the scheduler's row limit and the routing
+    threshold."""
+
+    h_q: int
+    threshold: int | None
+    max_rows: int
+    # per compression ratio: (name, ratio, extra_topk or None, shape plan, silent shape-only rules
+    # with per-row lengths, and without)
+    calls: tuple
+    # the same calls as sparse-prefill plans, for forwards routed to flash_mla_sparse_fwd: (name, topk)
+    prefill_topk: tuple
+    draft_tokens: int
+    version: str
+    kernel: str | None          # the FlashMLA build the calls run on
+    # SGLang 0.5.23 on: the sparse-prefill switch (None: the version has none), the tokens of a
+    # late-layer tail per request (None: no tails), the KV layout and the decode kernel's half, and
+    # the engine's schedule precompute of each decode-kernel call (None: it does not run)
+    switch: bool | None = None
+    tail_tokens: int | None = None
+    kv_layout: str | None = None
+    use_legacy: bool | None = None
+    precompute: tuple | None = None    # (data, num_sm_parts) when the engine computes the schedule
+
+
+@lru_cache(maxsize=256)
+def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int | None, draft: int,
+           version: str, switch: bool | None = None, tail_tokens: int | None = None, kv_layout: str | None = None,
+           use_legacy: bool | None = None, precompute: bool = False) -> Dsv4Setup:
+    prof = _data()
+    dflt = prof["defaults"]
+    d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
+    probe = _shape_plan(gpu, build, h_q, d_qk, topk, None, dflt["page"], None, "", use_legacy)
+    c128_width = -(-(-(-context_length // 128)) // 64) * 64
+    calls, prefill = [], []
+    for spec in prof["calls"]:
+        r = spec["ratio"]
+        extra_topk = extra_page = None
+        if r == 4:
+            extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
+        elif r == 128:
+            extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
+        shape = _shape_plan(gpu, build, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"], use_legacy)
+        calls.append((spec["name"], r, extra_topk, shape, _shape_quiet(shape, True, extra_topk is not None),
+                      _shape_quiet(shape, False, False)))
+        prefill.append((spec["name"], topk + (extra_topk or 0)))
+    pre = None
+    if precompute:
+        data = _version_data(version)["sched_precompute"]
+        pre = (data, max(gpu.num_sms // 1, 1))      # num_sm_parts = SMs // s_q, and s_q is 1
+    return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version, build,
+                     switch, tail_tokens, kv_layout, use_legacy, pre)
+
+
+def _version_data(name: str) -> dict:
+    return next(v for v in _data()["versions"] if v["name"] == name)
+
+
+def sparse_prefill_switch(batch: Batch, version: dict) -> bool | None:
+    """The state of the version's switch that sends every non-speculative extend forward to
+    ``flash_mla_sparse_fwd`` (its default unless set); None when the version has no such switch."""
+    sw = version.get("sparse_prefill_switch")
+    if sw is None:
+        return None
+    v = batch.arg(sw["setting"])
+    return bool(sw["default"]) if v is None else bool(v)
+
+
+def late_layer_tail_tokens(batch: Batch, version: dict) -> int | None:
+    """Tokens per request that the late layers run over (decoder SWA bounded replay), None when the
+    forward has no late-layer tail: the setting, or its default for the models it is on for."""
+    tails = version.get("late_layer_tails")
+    if tails is None:
+        return None
+    v = batch.arg(tails["setting"])
+    on = batch.model.get("model_type") in tails["default_on_models"] if v is None else bool(v)
+    return int(tails["tail_tokens"]) if on else None
+
+
+def kv_layout(batch: Batch, version: dict) -> tuple[str | None, bool | None]:
+    """The KV layout a forward runs with and the decode kernel's ``use_legacy`` it implies
+    (``(None, None)``: the version has no layout setting; the build's default half runs)."""
+    kl = version.get("kv_layouts")
+    if kl is None:
+        return None, None
+    name = str(batch.arg(kl["setting"]) or kl["default"]).lower()
+    spec = kl["layouts"].get(name)
+    if spec is None:
+        raise InputError(f"server_args.{kl['setting']}", f"expected one of {', '.join(kl['layouts'])}, got {name!r}")
+    same = spec.get("same_as")
+    if same is not None:
+        name = same.get(str(batch.gpu.cc[0]), same["other"])
+        spec = kl["layouts"][name]
+    return name, bool(spec["use_legacy"])
+
+
+def _precompute_runs(batch: Batch, version: dict, h_q: int) -> bool:
+    """SGLang computes the decode kernel's schedule itself (a JIT kernel) for this configuration."""
+    pre = version.get("sched_precompute")
+    return (pre is not None and batch.model.get("model_type") in pre["models"]
+            and batch.gpu.cc[0] in pre["cc_majors"] and h_q == pre["h_q"])
+
+
+def precompute_smem(data: dict, b: int, parts: int) -> int:
+    """Dynamic shared memory of the engine's schedule precompute for ``b`` rows and ``parts``
+    partitions, in bytes (what its guard compares with its budget)."""
+    return precompute_formula(data)(b=b, P=parts)
+
+
+def _routing_reason(mode: Mode, rows: int, threshold: int | None, routed: bool, switch: bool | None = None) -> str:
+    if routed and switch:
+        return (f"extend forward with {rows} rows: sent to flash_mla_sparse_fwd "
+                f"(SGLANG_OPT_FLASHMLA_SPARSE_PREFILL on: every non-speculative extend forward)")
+    if routed:
+        return f"extend forward with {rows} rows > threshold {threshold}: sent to flash_mla_sparse_fwd"
+    if threshold is None:
+        return "this version sends every forward to flash_mla_with_kvcache (no sparse-prefill routing)"
+    if not mode.is_routable():
+        return f"{mode} forwards are never routed: they go to flash_mla_with_kvcache"
+    off = " (SGLANG_OPT_FLASHMLA_SPARSE_PREFILL off)" if switch is False else ""
+    return f"{rows} rows <= threshold {threshold}{off}: sent to flash_mla_with_kvcache"
+
+
+def routing_threshold(setup: Dsv4Setup) -> int | None:
+    """Extend forwards with more query rows than this go to ``flash_mla_sparse_fwd`` (None: never).
+    With the version's sparse-prefill switch on every extend forward does: 0."""
+    return 0 if setup.switch else setup.threshold
+
+
+def tail_rows(batch: Batch, tail_tokens: int) -> np.ndarray:
+    """Per query row of the late-layer tail, its causal length, in row order: each extend request's
+    last ``min(tail_tokens, extend)`` tokens, one row per decode entry and merged running decode."""
+    ext, pre, ctx, is_dec = request_arrays(batch.requests)
+    counts = np.where(is_dec, 1, np.minimum(ext, tail_tokens))
+    starts = np.where(is_dec, ctx, pre + ext - counts + 1)
+    arr = _ranges(starts, counts)
+    if batch.mixed:
+        arr = np.concatenate([arr, np.array([r.context_len for r in batch.running], dtype=np.int64)])
+    return arr
+
+
+def routing_release() -> tuple[str, int] | None:
+    """The first version of this profile with sparse-prefill routing and its threshold (data)."""
+    for v in _data()["versions"]:
+        if v.get("sparse_prefill_threshold") is not None:
+            return v.get("min_release") or v["name"], v["sparse_prefill_threshold"]
+    return None
+
+
+class Dsv4Profile(Profile):
+    name = NAME
+    provides = frozenset({"rows"})
+    # per-row lengths are min(causal length, width) of non-negative causal lengths
+    guarantees = frozenset({"lengths"})
+
+    def setup(self, batch: Batch, version: dict, build: str | None) -> Dsv4Setup:
+        build = build or version.get("kernel_build")    # the build this engine version ships
+        dflt = _data()["defaults"]
+        ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
+        h_q = heads_per_rank(batch, dflt)
+        layout, use_legacy = kv_layout(batch, version)
+        return _setup(batch.gpu, build, h_q, ctx, version.get("sparse_prefill_threshold"), draft_tokens(batch),
+                      version["name"], sparse_prefill_switch(batch, version), late_layer_tail_tokens(batch, version),
+                      layout, use_legacy, _precompute_runs(batch, version, h_q))
+
+    def derive(self, batch: Batch, version: dict, setup: Dsv4Setup, bp: BatchPlan, build: str | None,
+               memo=None) -> None:
+        """The step's FlashMLA calls: query rows, routing, per-row lengths and one plan per ratio."""
+        dflt = _data()["defaults"]
+        rows, bd = forward_rows(batch)
+        threshold = routing_threshold(setup)
+        mode = batch.forward_mode
+        routed = mode.is_routable() and threshold is not None and rows > threshold
+        bp.rows, bp.row_breakdown, bp.max_rows = rows, bd, setup.max_rows
+        bp.routing = {"threshold": threshold, "routed": routed,
+                      "reason": _routing_reason(mode, rows, threshold, routed, setup.switch), "version": version["name"]}
+        if setup.switch is not None:
+            bp.routing["sparse_prefill_switch"] = setup.switch
+        if setup.kv_layout is not None:
+            bp.routing["kv_layout"] = setup.kv_layout
+            bp.routing["use_legacy"] = setup.use_legacy
+            spec = version["kv_layouts"]["layouts"][setup.kv_layout]
+            if spec.get("needs_cc_major"):
+                bp.routing["kv_layout_needs_cc_major"] = spec["needs_cc_major"]
+        if setup.precompute is not None:
+            bp.routing["sched_precompute"] = {"num_sm_parts": setup.precompute[1], "data": setup.precompute[0],
+                                              "use_legacy": setup.use_legacy}
+        tail = setup.tail_tokens is not None and mode.is_routable()
+        if routed:
+            for name, topk in setup.prefill_topk:
+                call = SparsePrefillCall(s_q=rows, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
+                bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, setup.kernel), "sparse_prefill"))
+            if tail:
+                self._tail_call(batch, setup, bp, memo)
+            return
+        b = max(rows, 1)
+        if bp.rows_only or not 0 < rows <= setup.max_rows:  # per-row lengths only matter when the scheduler runs
+            for name, r, extra_topk, shape, _, quiet in setup.calls:
+                p = step_plan(shape, b, None, None, memo, None, quiet)
+                bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+            if tail:
+                self._tail_call(batch, setup, bp, memo)
+            return
+        lengths = causal_lengths(batch, rows)
+        topk = dflt["swa_topk"]
+        topk_length = np.minimum(lengths, topk)
+        # every length array below is a non-decreasing function of the row's causal length, so its exact
+        # range follows from the causal lengths' range
+        lo, hi = min_max(lengths)
+        tl_range = (min(lo, topk), min(hi, topk))
+        for name, r, extra_topk, shape, quiet, _ in setup.calls:
+            if extra_topk is None:
+                extra_len, ranges = None, {"topk_length": tl_range}
+            else:
+                extra_len = np.minimum(lengths // r, extra_topk)
+                ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
+            p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet)
+            bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+        if tail:
+            self._tail_call(batch, setup, bp, memo)
+
+    @staticmethod
+    def _tail_call(batch: Batch, setup: Dsv4Setup, bp: BatchPlan, memo) -> None:
+        """The late layers' call over the forward's late-layer tail: the SWA (ratio-0) shape on
+        ``flash_mla_with_kvcache``, one row per tail token (the tail's own metadata turns sparse
+        prefill off)."""
+        topk = _data()["defaults"]["swa_topk"]
+        spec = _version_data(setup.version)["late_layer_tails"]
+        name, _, _, shape, quiet, quiet_plain = next(c for c in setup.calls if c[0] == spec["call"])
+        lengths = tail_rows(batch, setup.tail_tokens)
+        b = int(lengths.shape[0])
+        if bp.rows_only or not 0 < b <= setup.max_rows:
+            p = step_plan(shape, max(b, 1), None, None, memo, None, quiet_plain)
+        else:
+            lo, hi = min_max(lengths)
+            p = step_plan(shape, b, np.minimum(lengths, topk), None, memo,
+                          {"topk_length": (min(lo, topk), min(hi, topk))}, quiet)
+        label = f"late-layer tail ({name})"
+        bp.calls.append(DerivedCall(label, p.call, p, "decode_kernel"))
+        bp.routing["late_layer_tail_rows"] = b
+
+    def bound_hints(self, setup: Dsv4Setup, bp: BatchPlan) -> dict:
+        # a late-layer tail's rows depend on how the tokens are spread over requests, not on their
+        # count: routed forwards with tails take the full check
+        return {"max_rows": setup.max_rows, "threshold": routing_threshold(setup),
+                "routed_by_rows": setup.tail_tokens is None}
+
+    def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
+        if bp.rows is None or bounds.max_rows is None:
+            return []
+        L = bounds.max_rows
+        mode = batch.forward_mode
+        out: list[dict] = []
+        version_switch = bp.routing.get("sparse_prefill_switch")
+        if mode.is_routable() and version_switch:
+            tail = bp.routing.get("late_layer_tail_rows")
+            if tail is not None and tail > L:
+                per = _version_data(bp.routing["version"])["late_layer_tails"]["tail_tokens"]
+                out.append({"flag": "--prefill-max-requests", "value": max(L // per, 1),
+                            "why": f"a late-layer tail has up to {per} rows per request and runs flash_mla_with_kvcache: "
+                                   f"{L} // {per}"})
+                out.append({"flag": "--no-enable-decoder-swa-bounded-replay", "value": True,
+                            "why": "without late-layer tails every layer of an extend forward runs flash_mla_sparse_fwd"})
+            return out
+        if mode.is_routable():
+            if batch.arg("enable_mixed_chunk", False) or mode.is_mixed():
+                R = int(batch.arg("max_running_requests") or len(batch.running) or 0)
+                cap = {"flag": "--chunked-prefill-size", "value": L - R,
+                       "why": f"with mixed chunking up to {R} running decodes join each prefill: {L} - {R}"}
+            else:
+                cap = {"flag": "--chunked-prefill-size", "value": L,
+                       "why": f"bounds the query rows of every extend forward to the decode kernel's {L}"}
+            out.extend(_within_configured(batch, cap, "chunked_prefill_size"))
+            out.extend(_within_configured(batch, {"flag": "--max-prefill-tokens", "value": L,
+                                                  "why": "keeps a prefill batch's new tokens within the limit"},
+                                          "max_prefill_tokens"))
+            thr = bp.routing.get("threshold")
+            if version_switch is False:
+                out.append({"flag": "(environment)", "value": "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=1",
+                            "why": "the switch's default: every non-speculative extend forward goes to flash_mla_sparse_fwd"})
+            if thr is not None:
+                out.append({"flag": "(engine)", "value": f"route at > {L} rows instead of > {thr}",
+                            "why": f"the routing threshold {thr} is above the decode kernel's real limit {L}"})
+            else:
+                rel = routing_release()
+                if rel is not None:
+                    out.append({"flag": "(upgrade)", "value": f"SGLang {rel[0]} or later (sparse-prefill routing)",
+                                "why": f"routes extend forwards above {rel[1]} rows to flash_mla_sparse_fwd; "
+                                       f"{L + 1}..{rel[1]} still crash"})
+        elif mode.is_target_verify():
+            d = draft_tokens(batch) or 1
+            out.append({"flag": "--max-running-requests", "value": L // d,
+                        "why": f"a verify forward has batch size x {d} draft tokens rows"})
+        else:
+            out.append({"flag": "--max-running-requests", "value": L, "why": "a decode forward has one row per request"})
+        return out
+
+    def context(self, bp: BatchPlan) -> dict:
+        ctx = self.rows_context(bp)
+        if ctx:
+            ctx["max_decode_kernel_rows"] = bp.max_rows
+        return ctx
+
+    def summary_lines(self, bp: BatchPlan) -> list[str]:
+        if bp.rows is None:
+            return []
+        parts = " + ".join(f"{v} {k.replace('_', ' ')}" for k, v in bp.row_breakdown.items() if v)
+        limit = (f"decode-kernel limit {bp.max_rows} rows" if bp.max_rows is None or bp.max_rows < MAX_ROWS
+                 else "no decode-kernel row limit on this build")
+        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); {limit}",
+                 f"  routing: {bp.routing['reason']}"]
+        for c in bp.calls:
+            extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""
+            lines.append(f"    {c.name}: {c.kernel} {c.call.summary()}{extra}")
+        return lines
+
+
+def _within_configured(batch: Batch, advice: dict, setting: str) -> list[dict]:
+    """A cap on a setting, never above what is configured: nothing when the configured value is
+    already at or below the cap (raising it would not help)."""
+    have = batch.arg(setting)
+    if isinstance(have, int) and not isinstance(have, bool) and 0 < have <= advice["value"]:
+        return []
+    return [advice]
+
+
+PROFILE = Dsv4Profile()

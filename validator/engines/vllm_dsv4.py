@@ -1,0 +1,105 @@
+"""``vllm-dsv4``: vLLM's DeepSeek-V4 attention (FlashMLA sparse decode, three layer types).
+
+The decode requests (query length up to ``1 + num_speculative_tokens``, no uniformity required)
+come first; their tokens are the decode call's rows: ``b`` = decode tokens (requests x (1 + draft
+tokens) in a verify step), ``s_q`` = 1, one call per layer type (SWA only, ratio 4, ratio 128). The
+prefill tokens go through ``flash_mla_sparse_fwd``. Numbers and sources in ``rules/engines.json``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..inputs.batch import Batch
+from ..facts.fields import positive_int
+from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..flashmla.plan import plan
+from .base import BatchPlan, DerivedCall
+from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
+
+NAME = "vllm-dsv4"
+
+
+@dataclass(frozen=True)
+class VllmDsv4Setup:
+    h_q: int
+    threshold: int
+    calls: tuple          # (name, ratio, extra_topk, extra_page)
+    d_qk: int
+    topk: int
+    page: int
+    kernel: str | None
+    max_rows: int
+
+
+def _heads(batch: Batch, dflt: dict) -> int:
+    """Query heads of the decode call: ``model.h_q`` as given, else the model's heads per rank
+    padded to 64 (q arrives padded, models/deepseek_v4/nvidia/flashmla.py:213-215)."""
+    m = batch.model
+    if "h_q" in m:
+        return positive_int(m["h_q"], "model.h_q")
+    if "num_attention_heads" in m:
+        tp = positive_int(batch.arg("tp_size", 1) or 1, "server_args.tp_size")
+        per = -(-positive_int(m["num_attention_heads"], "model.num_attention_heads") // tp)
+        return -(-per // 64) * 64
+    return dflt["h_q"]
+
+
+class VllmDsv4Profile(VllmProfile):
+    name = NAME
+
+    def setup(self, batch: Batch, version: dict, build: str | None) -> VllmDsv4Setup:
+        prof = profile_data(NAME)
+        dflt = prof["defaults"]
+        build = build or version.get("kernel_build")
+        cache_dtype(batch, dflt, version)          # always an fp8 cache: anything else vLLM refuses
+        ctx = positive_int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"],
+                           "server_args.context_length")
+        c128_width = -(-(-(-ctx // 128)) // 64) * 64
+        calls = []
+        for spec in prof["calls"]:
+            r = spec["ratio"]
+            extra = {4: (dflt["c4_extra_topk"], dflt["c4_extra_page"]), 128: (c128_width, dflt["c128_extra_page"])}
+            calls.append((spec["name"], r) + extra.get(r, (None, None)))
+        s = VllmDsv4Setup(_heads(batch, dflt), 1 + num_speculative_tokens(batch), tuple(calls), dflt["d_qk"],
+                          dflt["swa_topk"], dflt["page"], build, 0)
+        probe = [plan(self._call(s, c, 1, None), batch.gpu, build) for c in calls]
+        return VllmDsv4Setup(**{**s.__dict__, "max_rows": min(p.max_sched_rows for p in probe)})
+
+    @staticmethod
+    def _call(s: VllmDsv4Setup, spec: tuple, b: int, lengths) -> DecodeCall:
+        name, r, extra_topk, extra_page = spec
+        tl = extra_len = None
+        if lengths is not None:
+            tl = np.minimum(lengths, s.topk)
+            if extra_topk is not None:
+                extra_len = np.minimum(lengths // r, extra_topk)
+        return DecodeCall(kind="sparse", b=b, s_q=1, h_q=s.h_q, d_qk=s.d_qk, topk=s.topk, topk_length=tl,
+                          extra_topk=extra_topk, extra_topk_length=extra_len, page=s.page, extra_page=extra_page,
+                          label=name)
+
+    def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, build, memo=None) -> None:
+        s = setup
+        step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]))
+        self.record_step(batch, bp, step, "decode tokens as rows, prefill through flash_mla_sparse_fwd", version,
+                         "decode tokens")
+        b = step.decode_tokens
+        if b:
+            lengths = None if bp.rows_only or b > s.max_rows else step.decode_row_lengths()
+            for spec in s.calls:
+                p = plan(self._call(s, spec, b, lengths), batch.gpu, s.kernel)
+                bp.calls.append(DerivedCall(spec[0], p.call, p, "decode_kernel"))
+        if step.prefill_tokens:
+            mult = int(version["prefill_topk_multiple"])
+            for name, r, extra_topk, _ in s.calls:
+                topk = -(-(s.topk + (extra_topk or 0)) // mult) * mult
+                call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=topk,
+                                         label=f"{name} prefill")
+                bp.calls.append(DerivedCall(call.label, call, plan(call, batch.gpu, s.kernel), "sparse_prefill"))
+
+    def bound_hints(self, setup: VllmDsv4Setup, bp: BatchPlan) -> dict:
+        return {"max_rows": setup.max_rows, "threshold": None}
+
+
+PROFILE = VllmDsv4Profile()

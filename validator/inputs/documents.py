@@ -1,0 +1,214 @@
+"""Reading user input: JSON, JSONL or YAML documents from a file or stdin, with line-precise errors."""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..facts.knowledge import DATA_PACKAGE
+from ..facts import limits
+from ..errors import InputError
+from ..facts.limits import echo
+
+MAX_INPUT_BYTES = limits.MAX_DOCUMENT_BYTES
+DEVICE_KEYS = frozenset({"device", "num_sms", "cc", "smem_optin", "name", "memory_bytes", "flashmla"})  # flashmla: what recorded it
+
+
+def read_text(path: str, limit: int | None = None) -> tuple[str, str]:
+    """Return (text, display name) of a file, or of stdin when ``path`` is ``-``; at most ``limit``
+    bytes (default :data:`MAX_INPUT_BYTES`) are read, whatever the file claims its size is."""
+    limit = MAX_INPUT_BYTES if limit is None else limit
+    if path == "-":
+        src = getattr(sys.stdin, "buffer", sys.stdin)
+        data = limits.read_bounded(src, limit, "<stdin>")
+        name = "<stdin>"
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise InputError("FILE", f"{echo(path)}: no such file")
+        if p.is_dir():
+            raise InputError("FILE", f"{echo(path)}: is a directory")
+        try:
+            with open(p, "rb") as fh:
+                data = limits.read_bounded(fh, limit, path)
+        except OSError as e:
+            raise InputError("FILE", f"{echo(path)}: {e.strerror or e}") from None
+        name = path
+    return data.decode("utf-8", errors="replace"), name
+
+
+def _json_int(text: str) -> int:
+    return limits.parse_int(text, "FILE", limits.MAX_DOCUMENT_INT_DIGITS)
+
+
+# (a run is tried from its first digit only: the search stays linear on text full of long runs)
+_LONG_DIGITS = re.compile(r"(?<![0-9])[0-9]{%d}" % (limits.MAX_DOCUMENT_INT_DIGITS + 1))
+
+
+def _loads(text: str) -> Any:
+    # the integer hook is a Python call per integer; a text with no run of digits longer than an
+    # integer may have parses the same without it (JSON integers are plain digit runs), at C speed
+    if _LONG_DIGITS.search(text) is None:
+        return json.loads(text)
+    return json.loads(text, parse_int=_json_int)
+
+
+def loads_document(text: str) -> Any:
+    """One JSON document (a JSON Lines record), its integers held to the document's digit limit."""
+    return _loads(text)
+
+
+def _one_line(text: Any) -> str:
+    return echo_text(" ".join(str(text).split()), 200)
+
+
+def echo_text(text: str, limit: int = limits.MAX_ECHO_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
+    """One pass over the YAML events (the parser is iterative): nesting, the size once aliases are
+    expanded, scalar lengths and integer digits, before anything is built."""
+    sizes: dict[str, tuple[int, int]] = {}      # anchor -> (expanded values, depth below it)
+    stack: list[list] = []                      # [anchor, values, depth below]
+    total = 0
+    big_int = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]{%d,}|0o[0-7_]{%d,}|[0-9_]{%d,})" % (
+        limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1))
+    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        kind = type(ev).__name__
+        if kind in ("MappingStartEvent", "SequenceStartEvent"):
+            if len(stack) >= limits.MAX_DEPTH:
+                raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
+            stack.append([ev.anchor, 1, 0])
+            continue
+        if kind in ("MappingEndEvent", "SequenceEndEvent"):
+            anchor, n, below = stack.pop()
+            if anchor is not None:
+                sizes[anchor] = (n, below + 1)
+            n_here, depth_here = n, below + 1
+        elif kind == "ScalarEvent":
+            v = ev.value
+            if len(v) > limits.MAX_STRING_CHARS:
+                raise InputError("FILE", f"{name}: a string of {len(v)} characters (at most {limits.MAX_STRING_CHARS})")
+            if ev.style is None and len(v) > limits.MAX_DOCUMENT_INT_DIGITS and big_int.fullmatch(v):
+                raise InputError("FILE", f"{name}: an integer of {len(v)} characters is too long "
+                                         f"(at most {limits.MAX_DOCUMENT_INT_DIGITS} digits): {echo(v)}")
+            if ev.anchor is not None:
+                sizes[ev.anchor] = (1, 0)
+            n_here, depth_here = 1, 0
+        elif kind == "AliasEvent":
+            n_here, depth_here = sizes.get(ev.anchor, (1, 0))
+        else:
+            continue
+        total += n_here
+        if total > limits.MAX_NODES:
+            raise InputError("FILE", f"{name}: more than {limits.MAX_NODES} values once YAML aliases are expanded")
+        if stack:
+            top = stack[-1]
+            top[1] += n_here
+            top[2] = max(top[2], depth_here)
+            if top[1] > limits.MAX_NODES:
+                raise InputError("FILE", f"{name}: more than {limits.MAX_NODES} values once YAML aliases are expanded")
+            if len(stack) + depth_here > limits.MAX_DEPTH:
+                raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
+
+
+def _yaml_documents(text: str, name: str) -> list[Any]:
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML is a dependency
+        raise InputError("FILE", f"{name}: not JSON, and PyYAML is not installed to read YAML") from None
+    try:
+        _yaml_precheck(yaml, text, name)
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or (getattr(e, "reason", None) if hasattr(e, "reason") else None) or e
+        raise InputError("FILE", f"{name}{where}: neither JSON nor valid YAML: {_one_line(what)}") from None
+    except InputError:
+        raise
+    except (ValueError, OverflowError, RecursionError) as e:
+        raise InputError("FILE", f"{name}: a YAML value that cannot be read: {_one_line(e)}") from None
+    return docs
+
+
+def parse_documents(text: str, name: str = "<input>") -> list[Any]:
+    """One JSON value, JSON Lines, or YAML -> list of documents (a top-level JSON array is one list).
+    Every document is held to :mod:`validate_batch.facts.limits` (depth, values, string length, integer digits)."""
+    docs = _parse_documents(text, name)
+    limits.check_tree(docs, "FILE", max_depth=limits.MAX_DEPTH + 1)
+    return docs
+
+
+def _parse_documents(text: str, name: str) -> list[Any]:
+    stripped = text.strip()
+    if not stripped:
+        raise InputError("FILE", f"{name}: empty input")
+    try:
+        doc = _loads(stripped)
+        return doc if isinstance(doc, list) else [doc]
+    except RecursionError:
+        raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels") from None
+    except json.JSONDecodeError as first_err:
+        lines = [ln for ln in stripped.split("\n")]
+        first_is_record = False
+        if len(lines) > 1:
+            try:
+                _loads(lines[0])
+                first_is_record = True
+            except (json.JSONDecodeError, RecursionError):
+                pass
+        if stripped[0] in "{[" and first_is_record:
+            docs = []
+            for no, ln in enumerate(lines, 1):
+                if not ln.strip():
+                    continue
+                try:
+                    docs.append(_loads(ln))
+                except json.JSONDecodeError as e:
+                    raise InputError("FILE", f"{name}:{no}: invalid JSON Lines record: {e.msg} (column {e.colno})") from None
+                except RecursionError:
+                    raise InputError("FILE", f"{name}:{no}: nested deeper than {limits.MAX_DEPTH} levels") from None
+            return docs
+        at = stripped[first_err.pos:first_err.pos + 1]
+        if stripped[0] in "{[" and not (at.isalpha() or at in "_'!&*"):
+            raise InputError("FILE", f"{name}:{first_err.lineno}: invalid JSON: {first_err.msg} (column {first_err.colno})") from None
+        if stripped[0] in "{[":
+            try:   # a YAML flow document ({kind: sparse}): JSON stopped at a bare word
+                docs = _yaml_documents(stripped, name)
+            except InputError as e:
+                if "YAML aliases" in e.message or "nested deeper" in e.message or "too long" in e.message:
+                    raise
+                raise InputError("FILE", f"{name}:{first_err.lineno}: invalid JSON: {first_err.msg} "
+                                         f"(column {first_err.colno})") from None
+        else:
+            docs = _yaml_documents(stripped, name)
+    if len(docs) == 1 and isinstance(docs[0], list):
+        return docs[0]
+    return docs
+
+
+def is_device_header(doc: Any) -> bool:
+    return isinstance(doc, dict) and bool(doc) and set(doc) <= DEVICE_KEYS and "num_sms" in doc
+
+
+def load_documents(path: str) -> list[Any]:
+    text, name = read_text(path)
+    return parse_documents(text, name)
+
+
+def example_path(name: str) -> str:
+    """The file of a built-in example (``rules/examples/NAME.{json,yaml,jsonl}``); InputError naming
+    ``--example`` and the known names otherwise."""
+    from importlib import resources
+
+    base = resources.files(DATA_PACKAGE).joinpath("examples")
+    names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
+    for ext in (".json", ".yaml", ".jsonl"):
+        cand = base.joinpath(name + ext)
+        if name in names and cand.is_file():
+            return str(cand)
+    raise InputError("--example", f"unknown example {echo(name)}; built-in examples: {', '.join(names)}")

@@ -1,0 +1,556 @@
+"""Run every call of a report on the real kernels and compare with the model, call by call.
+
+For each call: one child process (timeout), the kernel's outcome classified like the oracle, the
+``tile_scheduler_metadata`` (columns the generation writes) and ``num_splits`` diffed against the
+model's schedule, and the model's verdict set against the kernel's. Agreement is tallied per rule
+code. Nothing here imports torch.
+
+Agreement per call:
+
+* ``agree`` - the model calls the call legal and the kernel ran; or the model calls it illegal and the
+  kernel failed *in a class the model predicts* (``failure_matches``);
+* ``agree_ub`` - the model flags undefined behaviour only, and the kernel happened to run;
+* ``disagree`` - the verdicts differ, or both say illegal but the failure class differs (an engine
+  recovers from an exception, not from ``exit(1)``);
+* ``inconclusive`` - the run says nothing about the call: timeout, nothing ran, the provider lacks a
+  feature, or the kernel refused for a reason that is not about the batch (the GPU architecture, a
+  missing build part; ``inconclusive_reason`` says which); also a failure the model names no class for.
+
+The run as a whole (``summary.status``): ``disagree`` when any call disagrees or any metadata differs;
+``inconclusive`` when no call was conclusive; else ``agree`` (inconclusive calls are counted and listed).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..api import check_plan
+from ..errors import InputError
+from ..legality.failure import failure_of
+from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..flashmla.plan import Plan
+from ..flashmla.plan import plan as make_plan
+from ..facts.knowledge import GPU
+from .outcome import OUTCOMES, RunResult
+from .providers import Detection, Provider, detect
+from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
+from .slot_probe import probe_slot_index
+
+LEGAL_KEY = "(no error)"
+# The failure kind (a rule's ``Failure.kind``) under which a kernel that happens to run is not a
+# contradiction: the input is undefined behaviour, not a guaranteed crash.
+UNDEFINED_BEHAVIOUR = "undefined_behaviour"
+
+
+# ----------------------------------------------------------------------------- records for the child
+
+def call_record(call) -> dict:
+    """The call in the oracle record format, with every field the kernel inputs depend on."""
+    rec = call.to_record()
+    rec.pop("label", None)
+    if isinstance(call, SparsePrefillCall):
+        rec.update({"h_kv": call.h_kv, "d_v": call.d_v})
+        if call.s_kv is not None:
+            rec["s_kv"] = call.s_kv
+    else:
+        if call.kind == "dense":
+            rec["d_qk"] = call.d_qk
+        for key, default in (("d_v", 512), ("h_k", 1), ("bytes_per_token", None)):
+            v = getattr(call, key)
+            if v != default:
+                rec[key] = v
+        if call.causal:
+            rec["causal"] = True
+        if call.is_fp8 != (call.kind == "sparse"):
+            rec["is_fp8"] = call.is_fp8
+    if call.label:
+        rec["label"] = call.label
+    return rec
+
+
+def call_use_legacy(call) -> bool | None:
+    """The ``use_legacy`` a call record asks for (None: not said; the build's default applies)."""
+    v = getattr(call, "use_legacy", None)
+    if v is None:
+        v = call.to_record().get("use_legacy")
+    return None if v is None else bool(v)
+
+
+def job_for(call, provider: Provider, use_legacy: bool | None = None) -> dict:
+    """The child's job for ``call``. ``use_legacy`` (else the call's own) goes to the child as is;
+    the child passes it, or the build's default, to a provider that takes it."""
+    op = "prefill" if isinstance(call, SparsePrefillCall) else "decode"
+    job = {"op": op, "provider": provider.to_job(), "record": call_record(call)}
+    ul = use_legacy if use_legacy is not None else call_use_legacy(call)
+    if ul is not None:
+        job["use_legacy"] = ul
+        job["record"]["use_legacy"] = ul
+    return job
+
+
+# ----------------------------------------------------------------------------- metadata diff
+
+@dataclass(frozen=True)
+class MetadataDiff:
+    """Model versus kernel ``tile_scheduler_metadata`` (first ``columns`` columns) and ``num_splits``."""
+
+    columns: int
+    model_parts: int
+    kernel_parts: int
+    rows_differing: int
+    first_row: int | None = None
+    model_row: tuple | None = None
+    kernel_row: tuple | None = None
+    model_splits_len: int = 0
+    kernel_splits_len: int = 0
+    splits_differing: int = 0
+    first_split: int | None = None
+    model_split: int | None = None
+    kernel_split: int | None = None
+
+    @property
+    def identical(self) -> bool:
+        return (self.model_parts == self.kernel_parts and self.rows_differing == 0
+                and self.model_splits_len == self.kernel_splits_len and self.splits_differing == 0)
+
+    def describe(self) -> str:
+        if self.identical:
+            return (f"identical: {self.model_parts} partitions x {self.columns} columns, "
+                    f"{self.model_splits_len} num_splits")
+        parts = []
+        if self.model_parts != self.kernel_parts:
+            parts.append(f"num_sm_parts expected {self.model_parts}, got {self.kernel_parts}")
+        if self.rows_differing:
+            parts.append(f"{self.rows_differing} metadata row(s) differ; row {self.first_row} expected "
+                         f"{list(self.model_row)}, got {list(self.kernel_row)}")
+        if self.model_splits_len != self.kernel_splits_len:
+            parts.append(f"num_splits length expected {self.model_splits_len}, got {self.kernel_splits_len}")
+        if self.splits_differing:
+            parts.append(f"{self.splits_differing} num_splits value(s) differ; index {self.first_split} "
+                         f"expected {self.model_split}, got {self.kernel_split}")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict:
+        d = {"identical": self.identical, "columns": self.columns, "model_parts": self.model_parts,
+             "kernel_parts": self.kernel_parts, "rows_differing": self.rows_differing,
+             "splits_differing": self.splits_differing, "summary": self.describe()}
+        if self.first_row is not None:
+            d.update(first_row=self.first_row, model_row=list(self.model_row), kernel_row=list(self.kernel_row))
+        if self.first_split is not None:
+            d.update(first_split=self.first_split, model_split=self.model_split, kernel_split=self.kernel_split)
+        return d
+
+
+def diff_metadata(model_md: Any, model_ns: Any, kernel_md: Any, kernel_ns: Any, columns: int = 7) -> MetadataDiff:
+    """Compare the first ``columns`` columns of two ``[P, 8]`` tables and two ``num_splits`` arrays."""
+    mm = np.asarray(model_md, dtype=np.int64).reshape(-1, 8)[:, :columns]
+    km = np.asarray(kernel_md, dtype=np.int64).reshape(-1, 8)[:, :columns]
+    mn = np.asarray(model_ns, dtype=np.int64).ravel()
+    kn = np.asarray(kernel_ns, dtype=np.int64).ravel()
+    rows = min(len(mm), len(km))
+    bad_rows = np.flatnonzero((mm[:rows] != km[:rows]).any(axis=1))
+    n = min(len(mn), len(kn))
+    bad_splits = np.flatnonzero(mn[:n] != kn[:n])
+    first_row = int(bad_rows[0]) if len(bad_rows) else None
+    first_split = int(bad_splits[0]) if len(bad_splits) else None
+    return MetadataDiff(
+        columns=columns, model_parts=len(mm), kernel_parts=len(km), rows_differing=len(bad_rows),
+        first_row=first_row,
+        model_row=tuple(int(v) for v in mm[first_row]) if first_row is not None else None,
+        kernel_row=tuple(int(v) for v in km[first_row]) if first_row is not None else None,
+        model_splits_len=len(mn), kernel_splits_len=len(kn), splits_differing=len(bad_splits),
+        first_split=first_split,
+        model_split=int(mn[first_split]) if first_split is not None else None,
+        kernel_split=int(kn[first_split]) if first_split is not None else None,
+    )
+
+
+# ----------------------------------------------------------------------------- verdicts and agreement
+
+@dataclass(frozen=True)
+class ModelView:
+    """The model's view of one call: verdict, error codes, the failure it predicts."""
+
+    verdict: str                  # "legal" | "illegal"
+    codes: tuple = ()             # error codes, in rule order
+    warnings: tuple = ()          # warning/info codes
+    expected_failure: str = ""    # failure class of the first error ("process_exit", ...)
+    undefined_only: bool = False  # every error is undefined behaviour (may or may not crash)
+    expected_failures: tuple = () # every failure class any error names (the first error's first)
+
+    @property
+    def predicted_classes(self) -> tuple:
+        if self.expected_failures:
+            return self.expected_failures
+        return (self.expected_failure,) if self.expected_failure else ()
+
+
+def failure_class(failure: str) -> str:
+    """The kind of a finding's failure (``"process_exit: ..."`` -> ``process_exit``)."""
+    return failure_of(failure).kind
+
+
+FAILURE_WORDS = tuple(OUTCOMES) + (UNDEFINED_BEHAVIOUR,)
+
+
+def failure_classes(failure: str) -> tuple:
+    """Every failure kind of a finding's failure that a kernel run can show, its kind first
+    (``"process_crash for h_q ...; python_exception for d_qk ..."`` -> both)."""
+    return tuple(k for k in failure_of(failure).kinds if k in FAILURE_WORDS)
+
+
+def model_view(p: Plan) -> ModelView:
+    findings = check_plan(p)
+    errors = [f for f in findings if f.is_error]
+    classes = [failure_class(f.failure) for f in errors]
+    every = tuple(dict.fromkeys(c for f in errors for c in failure_classes(f.failure)))
+    return ModelView(
+        verdict="illegal" if errors else "legal",
+        codes=tuple(dict.fromkeys(f.code for f in errors)),
+        warnings=tuple(dict.fromkeys(f.code for f in findings if not f.is_error)),
+        expected_failure=classes[0] if classes else "",
+        undefined_only=bool(errors) and all(c == UNDEFINED_BEHAVIOUR for c in classes),
+        expected_failures=every,
+    )
+
+
+def failure_matches(expected: str, run: RunResult) -> bool | None:
+    """Does the observed failure have the class the model predicts? None when not applicable."""
+    if not expected or not run.failed:
+        return None
+    if expected == UNDEFINED_BEHAVIOUR:
+        return True
+    if expected == "illegal_memory_access":
+        return run.outcome == "illegal_memory_access"
+    if expected == "process_exit":
+        return run.outcome in ("process_exit", "illegal_memory_access") and run.exit_code not in (None, 0)
+    return run.outcome == expected or run.oracle_outcome == expected
+
+
+def judge(model: ModelView, run: RunResult) -> tuple[str, str]:
+    """``(agreement, reason)``; agreement is ``agree`` | ``agree_ub`` | ``disagree`` | ``inconclusive``
+    (module docstring); the reason says why for anything but a plain ``agree``."""
+    if not run.is_conclusive:
+        return "inconclusive", run.inconclusive_reason or f"the kernel run ended as {run.outcome}"
+    if model.verdict == "legal":
+        if run.is_ok:
+            return "agree", ""
+        return "disagree", f"the model calls the call legal; the kernel failed ({run.outcome})"
+    predicted = model.predicted_classes
+    if run.is_ok:
+        if model.undefined_only:
+            return "agree_ub", "undefined behaviour that did not crash this time"
+        return "disagree", f"the model predicts {' or '.join(predicted) or 'a failure'}; the kernel ran"
+    if not predicted:
+        return "inconclusive", f"the kernel failed ({run.outcome}); the model names no failure class to compare"
+    if any(failure_matches(c, run) for c in predicted):
+        return "agree", ""
+    return "disagree", (f"both say illegal, but the kernel failed as {run.outcome} and the model predicts "
+                        f"{' or '.join(predicted)}")
+
+
+def agreement(model: ModelView, run: RunResult) -> str:
+    """``agree`` | ``agree_ub`` (undefined behaviour that did not crash this time) | ``disagree`` | ``inconclusive``."""
+    return judge(model, run)[0]
+
+
+# ----------------------------------------------------------------------------- the check
+
+def gpu_from_device(device: dict, fallback: GPU) -> GPU:
+    cc = device.get("cc") or list(fallback.cc)
+    return GPU(device.get("name") or fallback.name, int(device.get("num_sms") or fallback.num_sms),
+               (int(cc[0]), int(cc[1])), int(device.get("smem_optin") or fallback.smem_optin),
+               "measured by the kernel-mode child", device.get("memory_bytes") or fallback.memory_bytes)
+
+
+def _same_gpu(a: GPU, b: GPU) -> bool:
+    return (a.num_sms, tuple(a.cc), a.smem_optin) == (b.num_sms, tuple(b.cc), b.smem_optin)
+
+
+def replan(p: Plan, gpu: GPU, generation: str | None) -> Plan:
+    """The same call planned for the device and generation that actually ran it."""
+    gen = generation or p.gen.get("name")
+    try:
+        return make_plan(p.call, gpu, gen)
+    except InputError:
+        return make_plan(p.call, gpu, p.gen.get("name"))
+
+
+def compare_call(index: int, p: Plan, run: RunResult) -> dict:
+    """One call's line of the result: model, kernel, metadata diff, agreement."""
+    mv = model_view(p)
+    verdict, why = judge(mv, run)
+    matches = [failure_matches(c, run) for c in mv.predicted_classes]
+    entry: dict[str, Any] = {
+        "index": index,
+        "call": p.call.label or p.call.summary(),
+        "model": {"verdict": mv.verdict, "codes": list(mv.codes), "warnings": list(mv.warnings),
+                  "expected_failure": mv.expected_failure or None,
+                  "expected_failures": list(mv.predicted_classes), "num_sm_parts": p.num_sm_parts,
+                  "generation": p.gen.get("name")},
+        "kernel": run.to_dict(),
+        "kernel_verdict": run.verdict,
+        "agreement": verdict,
+        "agreement_reason": why or None,
+        "failure_class_match": (True if any(matches) else False if matches and run.failed else None),
+        "fallback_used": run.fallback_used,
+        "metadata": None,
+    }
+    got = run.payload if run.payload.get("tile_scheduler_metadata") is not None else run.partial
+    if isinstance(p.call, DecodeCall) and got.get("tile_scheduler_metadata") is not None:
+        md = p.metadata_in_layout() if hasattr(p, "metadata_in_layout") else (p.schedule.metadata if p.schedule else None)
+        if md is None:
+            entry["metadata"] = {"identical": False, "summary": "the kernel wrote metadata but the model says "
+                                 "its scheduler never runs"}
+        else:
+            cols = len(p.gen.get("row_layout") or range(7))
+            d = diff_metadata(md, p.schedule.num_splits, got["tile_scheduler_metadata"], got.get("num_splits", []), cols)
+            entry["metadata"] = d.to_dict()
+    return entry
+
+
+def summarize(entries: Sequence[dict]) -> dict:
+    outcomes: dict[str, int] = {}
+    agree: dict[str, int] = {"agree": 0, "agree_ub": 0, "disagree": 0, "inconclusive": 0}
+    per_rule: dict[str, dict] = {}
+    md = {"compared": 0, "identical": 0, "differing": 0}
+    inconclusive_reasons: dict[str, int] = {}
+    fallback = 0
+    for e in entries:
+        if e["agreement"] == "inconclusive":
+            why = e.get("agreement_reason") or "inconclusive"
+            inconclusive_reasons[why] = inconclusive_reasons.get(why, 0) + 1
+        fallback += bool(e.get("fallback_used"))
+        oc = e["kernel"]["outcome"]
+        outcomes[oc] = outcomes.get(oc, 0) + 1
+        agree[e["agreement"]] += 1
+        codes = e["model"]["codes"] or [LEGAL_KEY]
+        for code in codes:
+            r = per_rule.setdefault(code, {"calls": 0, "kernel_ok": 0, "kernel_failed": 0, "inconclusive": 0,
+                                           "agree": 0, "agree_ub": 0, "disagree": 0, "failure_class_match": 0})
+            r["calls"] += 1
+            kv = e["kernel_verdict"]
+            r["kernel_ok" if kv == "legal" else "kernel_failed" if kv == "illegal" else "inconclusive"] += 1
+            if e["agreement"] in ("agree", "agree_ub", "disagree"):
+                r[e["agreement"]] += 1
+            if e["failure_class_match"]:
+                r["failure_class_match"] += 1
+        m = e.get("metadata")
+        if m is not None:
+            md["compared"] += 1
+            md["identical" if m.get("identical") else "differing"] += 1
+    if agree["disagree"] or md["differing"]:
+        status = "disagree"
+    elif agree["agree"] + agree["agree_ub"] == 0:
+        status = "inconclusive"
+    else:
+        status = "agree"
+    return {"calls": len(entries), "outcomes": outcomes, "agreement": agree, "per_rule": per_rule, "metadata": md,
+            "status": status, "all_agree": status == "agree", "inconclusive_reasons": inconclusive_reasons,
+            "fallback_used": fallback}
+
+
+def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT_TIMEOUT_S,
+              child: ChildSpec | None = None, max_parallel: int = 1, console=None) -> dict:
+    """Run the plans' calls with a detected provider and build the full result."""
+    provider = det.provider
+    base_gpu = plans[0].gpu if plans else None
+    gpu = gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
+    replanned = [replan(p, gpu, provider.generation_for(call_use_legacy(p.call))) for p in plans]
+    jobs = [job_for(p.call, provider) for p in replanned]
+    lock = threading.Lock()
+    done = [0]
+
+    def progress(i: int, r: RunResult) -> None:
+        if console is None:
+            return
+        with lock:
+            done[0] += 1
+            msg = f": {r.message}" if r.message and not r.is_ok else ""
+            console.print(f"kernel [{done[0]}/{len(jobs)}] call {i} ({replanned[i].call.summary()}): "
+                          f"{r.outcome} in {r.elapsed_s:.1f} s{msg}", markup=False, highlight=False)
+
+    results = run_jobs(jobs, timeout, child, max_parallel, progress)
+    entries = [compare_call(i, p, r) for i, (p, r) in enumerate(zip(replanned, results))]
+    summary = summarize(entries)
+    return {
+        "available": True,
+        "provider": provider.to_dict(),
+        "device": det.device,
+        "torch": det.torch,
+        "model_generation": replanned[0].gen.get("name") if replanned else None,
+        "model_build": replanned[0].gen.get("build") if replanned else None,
+        "model_gpu": base_gpu.to_dict() if base_gpu else None,
+        "gpu_replanned": bool(base_gpu is not None and gpu is not None and not _same_gpu(base_gpu, gpu)),
+        "timeout_s": timeout,
+        "calls": entries,
+        "summary": summary,
+        "status": summary["status"],
+        "agreement": summary["all_agree"],
+    }
+
+
+def kernel_check_report(report, console=None, *, provider: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
+                        max_parallel: int = 1, child: ChildSpec | None = None) -> dict:
+    """Run each call of ``report`` on the real kernels; a JSON-able result (never a traceback).
+
+    Without torch, a CUDA GPU or FlashMLA the result is ``{"available": false, "reason": ...}``.
+    """
+    plans = [p for p in getattr(report, "plans", []) if isinstance(p.call, (DecodeCall, SparsePrefillCall))]
+    slots = slot_buffer_checks(report, timeout=timeout, child=child, console=console)
+    if not plans:
+        if slots is not None:
+            return slots
+        return {"available": False, "reason": "the report has no FlashMLA calls to run"}
+    if console is not None:
+        console.print("kernel mode: detecting torch, GPU and FlashMLA in a child process ...", markup=False,
+                      highlight=False)
+    det = detect(provider, child, timeout)
+    if not det.available:
+        return {"available": False, "reason": det.reason, "detection": det.to_dict()}
+    if console is not None:
+        p = det.provider
+        console.print(f"kernel mode: {p.build or p.module} via {p.module} ({p.api} API) on {det.device.get('name')} "
+                      f"sm{''.join(map(str, det.device.get('cc', [])))}, {det.device.get('num_sms')} SMs; "
+                      f"{len(plans)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
+    result = run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console)
+    if slots is not None:
+        result["slot_buffers"] = slots
+    return result
+
+
+def slot_buffer_checks(report, *, timeout: float = DEFAULT_TIMEOUT_S, child: ChildSpec | None = None,
+                       console=None) -> dict | None:
+    """For a batch with request slots: write the batch's largest slot into every slot-indexed buffer,
+    allocated at its computed size on the GPU (and on the CPU), each in a child process; compare with
+    the model's verdict (out of bounds exactly when the slot is >= the buffer's rows)."""
+    bp = getattr(report, "batch_plan", None)
+    if bp is None or bp.slots is None:
+        return None
+    slots = [r.req_pool_idx for r in bp.batch.requests if r.req_pool_idx is not None]
+    if not slots:
+        return None
+    top = max(slots)
+    entries = []
+    for buf in bp.slots.buffers:
+        if buf.indexed_by != "req_pool_idx":
+            continue
+        if console is not None:
+            console.print(f"kernel mode: writing slot {top} into {buf.name} ({buf.rows} rows) on the GPU ...",
+                          markup=False, highlight=False)
+        res = probe_slot_index(buf.rows, min(buf.width or 1, 4096), top, device="cuda", timeout=timeout, child=child)
+        model_fails = top >= buf.rows
+        if not res.get("available"):
+            agreement = "inconclusive"
+        else:
+            agreement = "agree" if (res.get("outcome") != "ok") == model_fails else "disagree"
+        entries.append({"buffer": buf.name, "rows": buf.rows, "slot": top, "model": "out of bounds" if model_fails
+                        else "in bounds", "agreement": agreement, "probe": res})
+    available = any(e["probe"].get("available") for e in entries)
+    out = {"available": available, "slot_buffers": entries,
+           "all_agree": all(e["agreement"] == "agree" for e in entries) if available else None}
+    if not available and entries:
+        out["reason"] = entries[0]["probe"].get("reason", "slot probe unavailable")
+    return out
+
+
+# ----------------------------------------------------------------------------- rendering
+
+AGREE_STYLE = {"agree": "green", "agree_ub": "yellow", "disagree": "bold red", "inconclusive": "yellow"}
+
+
+def render_kernel_result(result: dict, console) -> None:
+    """Human output of :func:`kernel_check_report` (rich)."""
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
+    slot_part = result.get("slot_buffers")
+    if isinstance(slot_part, dict):  # a batch with FlashMLA calls and slots: both parts
+        _render_slots(slot_part, console)
+    elif isinstance(slot_part, list):  # a batch with slots only
+        _render_slots(result, console)
+        return
+    if not result.get("available"):
+        console.print(f"[bold yellow]kernel mode unavailable[/]: {escape(str(result.get('reason', '')))}", markup=True)
+        return
+    prov, dev = result["provider"], result.get("device") or {}
+    build = prov.get("build") or prov["module"]
+    console.print(f"[bold]kernel mode[/]: {escape(str(build))} via {escape(prov['module'])} ({prov['api']} API, "
+                  f"model generation {result.get('model_generation')}) on {escape(str(dev.get('name')))}, "
+                  f"{dev.get('num_sms')} SMs, smem opt-in {dev.get('smem_optin')} B", markup=True)
+    if prov.get("generation_note"):
+        console.print(f"  note: {escape(prov['generation_note'])}", markup=True)
+    if result.get("gpu_replanned"):
+        console.print("  the calls were re-planned for the measured device (it differs from the requested GPU profile)")
+    t = Table("#", "call", "model", "kernel", "metadata (model vs kernel)", "agreement")
+    for e in result["calls"]:
+        m = e["model"]
+        model_txt = "legal" if m["verdict"] == "legal" else f"illegal {','.join(m['codes'])}"
+        k = e["kernel"]
+        kern_txt = k["outcome"] + (f" ({k['signal']})" if k.get("signal") else "")
+        if k.get("fallback_used"):
+            kern_txt += " (fallback kernel)"
+        md = e.get("metadata")
+        md_txt = "-" if md is None else ("identical" if md.get("identical") else "DIFFERS")
+        st = AGREE_STYLE.get(e["agreement"], "")
+        t.add_row(str(e["index"]), e["call"], model_txt, kern_txt, md_txt,
+                  Text(e["agreement"], style=st or ""))
+    console.print(t)
+    for e in result["calls"]:
+        k = e["kernel"]
+        if k["outcome"] != "ok" and k.get("message"):
+            console.print(f"  call {e['index']}: {k['outcome']}: {escape(k['message'])}", markup=True)
+        if k.get("fallback"):
+            console.print(f"  call {e['index']}: fallback used: {escape(k['fallback']['text'])}", markup=True)
+        md = e.get("metadata")
+        if md is not None and not md.get("identical"):
+            console.print(f"  call {e['index']}: metadata {escape(md.get('summary', ''))}", markup=True)
+        if e["agreement"] == "agree_ub":
+            console.print(f"  call {e['index']}: the model flags undefined behaviour "
+                          f"({','.join(e['model']['codes'])}); the kernel happened to run this time")
+        elif e["agreement"] in ("disagree", "inconclusive") and e.get("agreement_reason"):
+            console.print(f"  call {e['index']}: {e['agreement']}: {escape(e['agreement_reason'])}", markup=True)
+    s = result["summary"]
+    rt = Table("model says", "calls", "kernel ran", "kernel failed", "inconclusive", "agree", "disagree",
+               "failure class as predicted")
+    for code in sorted(s["per_rule"]):
+        r = s["per_rule"][code]
+        rt.add_row(code, str(r["calls"]), str(r["kernel_ok"]), str(r["kernel_failed"]), str(r["inconclusive"]),
+                   str(r["agree"] + r["agree_ub"]), str(r["disagree"]),
+                   str(r["failure_class_match"]) if code != LEGAL_KEY else "-")
+    console.print(rt)
+    mdsum = s["metadata"]
+    status = s.get("status", "agree" if s.get("all_agree") else "disagree")
+    verdict = {"agree": "[bold green]AGREE[/]", "disagree": "[bold red]DISAGREE[/]",
+               "inconclusive": "[bold yellow]INCONCLUSIVE[/]"}[status]
+    ag = s["agreement"]
+    fb = f"; low-smem fallback kernel used in {s['fallback_used']}" if s.get("fallback_used") else ""
+    console.print(f"kernel vs model: {verdict} - {ag['agree'] + ag['agree_ub']} of {s['calls']} call(s) agree, "
+                  f"{ag['disagree']} disagree, {ag['inconclusive']} inconclusive; metadata identical for "
+                  f"{mdsum['identical']} of {mdsum['compared']} compared{fb}", markup=True)
+    for why, n in sorted((s.get("inconclusive_reasons") or {}).items()):
+        console.print(f"  inconclusive ({n}): {escape(why)}", markup=True)
+    if status == "inconclusive":
+        console.print("  nothing was measured about these calls: the kernels did not run for reasons outside "
+                      "the batch (see above; `validate-batch env` shows the installed builds)")
+
+
+def _render_slots(part: dict, console) -> None:
+    from rich.markup import escape
+
+    if not part.get("available"):
+        console.print(f"[bold yellow]slot probe unavailable[/]: {escape(str(part.get('reason', '')))}", markup=True)
+        return
+    for e in part.get("slot_buffers", []):
+        pr = e["probe"]
+        if not pr.get("available"):
+            continue
+        cpu = pr.get("cpu") or {}
+        st = AGREE_STYLE.get(e["agreement"], "")
+        console.print(f"slot {e['slot']} into {escape(e['buffer'])} ({e['rows']} rows): model {e['model']}; "
+                      f"GPU {pr.get('outcome')}: {escape(str(pr.get('message') or ''))}; CPU {cpu.get('outcome')}: "
+                      f"{escape(str(cpu.get('message') or ''))} -> [{st}]{e['agreement']}[/]", markup=True)

@@ -1,0 +1,252 @@
+"""Run one kernel job in a fresh child process with a time limit; run many, a few at a time.
+
+The child is ``python -m validate_batch.kernel_mode.worker`` (optionally with ``--backend FILE_OR_MODULE``).
+It reads one JSON job on stdin and prints stage markers and one result line on stdout (see
+:mod:`.outcome`). The child gets its own process group, so a timeout kills everything it started.
+
+What the child writes is read with a deadline and kept within a cap: of each stream the first
+``head`` and the last ``tail`` bytes (:data:`STDOUT_CAP`, :data:`STDERR_CAP`), with the number of
+bytes dropped in between noted. At the timeout the child's process group and every process still
+descending from it (one that called ``setsid()`` included) are killed, and reading stops
+:data:`DRAIN_GRACE_S` later whether or not the pipes reached end of file: a process that escaped the
+kill and holds the pipes open cannot keep the caller waiting.
+"""
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .outcome import RunResult, classify
+
+DEFAULT_TIMEOUT_S = 120.0
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the folder that holds the ``validator`` package
+MIB = 1 << 20
+# (head, tail) bytes kept of each stream. The result line is the last line of stdout and holds the
+# metadata read back (num_splits has b + 1 entries), hence the larger stdout tail.
+STDOUT_CAP = (1 * MIB, 16 * MIB)
+STDERR_CAP = (1 * MIB, 1 * MIB)
+# How long reading goes on after the child has exited (or was killed) before the pipes are closed.
+DRAIN_GRACE_S = 1.0
+READ_CHUNK = 1 << 16
+POLL_S = 0.05
+
+
+class CappedBuffer:
+    """The first ``head`` and the last ``tail`` bytes written to it, and how many bytes fell between."""
+
+    def __init__(self, head: int, tail: int):
+        self.head_cap, self.tail_cap = head, tail
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def write(self, data: bytes) -> None:
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data:
+            self.tail += data
+            if len(self.tail) > self.tail_cap:
+                del self.tail[:len(self.tail) - self.tail_cap]
+
+    @property
+    def dropped(self) -> int:
+        return self.total - len(self.head) - len(self.tail)
+
+    def text(self) -> str:
+        if not self.dropped:
+            return (bytes(self.head) + bytes(self.tail)).decode("utf-8", errors="replace")
+        note = f"\n[... {self.dropped} bytes of child output dropped ...]\n"
+        return (self.head.decode("utf-8", errors="replace") + note
+                + self.tail.decode("utf-8", errors="replace"))
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    """How to start the child: which Python, which backend, extra environment variables."""
+
+    python: str = sys.executable
+    backend: str | None = None            # module name or .py path; None = the torch backend
+    env: tuple = ()                       # ((name, value), ...)
+
+    def command(self) -> list[str]:
+        cmd = [self.python, "-m", "validate_batch.kernel_mode.worker"]
+        if self.backend:
+            cmd += ["--backend", self.backend]
+        return cmd
+
+    def environment(self) -> dict:
+        env = dict(os.environ)
+        parts = [str(PACKAGE_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(dict(self.env))
+        return env
+
+
+def descendants(pid: int) -> list[int]:
+    """Processes descending from ``pid`` (Linux ``/proc``; empty where it cannot be read)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.append(c)
+                todo.append(c)
+    return out
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the child's process group and every process still descending from the child (one in a
+    session or group of its own included), each group it leads as well."""
+    if proc.poll() is None:
+        for pid in descendants(proc.pid):
+            for kill in (os.killpg, os.kill):
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError, OSError):
+                    pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except ProcessLookupError:
+        pass
+
+
+def _exchange(proc: subprocess.Popen, data: bytes, timeout: float) -> tuple[CappedBuffer, CappedBuffer, bool]:
+    """Write ``data`` to the child's stdin and read its stdout and stderr into capped buffers until both
+    reach end of file, or the child has been gone for :data:`DRAIN_GRACE_S`, or the time limit hits
+    (then the child is killed and reading goes on for the grace only). Closes every pipe."""
+    out, err = CappedBuffer(*STDOUT_CAP), CappedBuffer(*STDERR_CAP)
+    sinks = {proc.stdout.fileno(): out, proc.stderr.fileno(): err}
+    started = time.monotonic()
+    deadline = started + timeout
+    stop_at: float | None = None          # when reading stops, once the child is gone
+    timed_out = False
+    pos = 0
+    sel = selectors.DefaultSelector()
+    try:
+        for fd in sinks:
+            sel.register(fd, selectors.EVENT_READ)
+        stdin_fd = proc.stdin.fileno()
+        os.set_blocking(stdin_fd, False)
+        sel.register(stdin_fd, selectors.EVENT_WRITE)
+        view = memoryview(data)
+        while any(key.fd in sinks for key in sel.get_map().values()):
+            now = time.monotonic()
+            if stop_at is None:
+                if proc.poll() is not None:
+                    stop_at = now + DRAIN_GRACE_S
+                elif now >= deadline:
+                    timed_out = True
+                    _kill_group(proc)
+                    stop_at = now + DRAIN_GRACE_S
+            if stop_at is not None and now >= stop_at:
+                break
+            limit = stop_at if stop_at is not None else deadline
+            for key, _ in sel.select(max(0.0, min(POLL_S, limit - now))):
+                fd = key.fd
+                if fd == stdin_fd:
+                    try:
+                        pos += os.write(fd, view[pos:pos + READ_CHUNK])
+                    except BlockingIOError:
+                        continue
+                    except OSError:          # the child closed its stdin or is gone
+                        pos = len(data)
+                    if pos >= len(data):
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                try:
+                    chunk = os.read(fd, READ_CHUNK)
+                except OSError:
+                    chunk = b""
+                if chunk:
+                    sinks[fd].write(chunk)
+                else:
+                    sel.unregister(fd)
+    finally:
+        sel.close()
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+    return out, err, timed_out
+
+
+def run_job(job: dict, timeout: float = DEFAULT_TIMEOUT_S, child: ChildSpec | None = None) -> RunResult:
+    """Run ``job`` in a new child process; never raises for anything the child does."""
+    child = child or ChildSpec()
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(child.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=child.environment(), start_new_session=True)
+    except OSError as e:
+        return RunResult("unavailable", f"cannot start {child.python}: {e}")
+    try:
+        out, err, timed_out = _exchange(proc, json.dumps(job).encode(), timeout)
+        if not timed_out:
+            try:    # the pipes are closed; the child may still be running
+                proc.wait(timeout=max(0.01, started + timeout - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+        try:
+            proc.wait(timeout=DRAIN_GRACE_S)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL does not end
+            pass
+    elapsed = time.monotonic() - started
+    return classify(proc.returncode, out.text(), err.text(), timed_out=timed_out, elapsed_s=elapsed,
+                    dropped={"stdout": out.dropped, "stderr": err.dropped})
+
+
+def run_jobs(jobs: Sequence[dict], timeout: float = DEFAULT_TIMEOUT_S, child: ChildSpec | None = None,
+             max_parallel: int = 1, on_done: Callable[[int, RunResult], None] | None = None) -> list[RunResult]:
+    """Run each job in its own child, at most ``max_parallel`` at a time; results in input order."""
+    results: list[RunResult | None] = [None] * len(jobs)
+
+    def one(i: int) -> None:
+        r = run_job(jobs[i], timeout, child)
+        results[i] = r
+        if on_done is not None:
+            on_done(i, r)
+
+    if max_parallel <= 1 or len(jobs) <= 1:
+        for i in range(len(jobs)):
+            one(i)
+    else:
+        with ThreadPoolExecutor(max_workers=max_parallel) as pool:
+            list(pool.map(one, range(len(jobs))))
+    return [r for r in results if r is not None]

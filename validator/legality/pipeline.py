@@ -1,0 +1,82 @@
+"""The whole path for one engine batch: plan, rules, and the safe split when it is illegal.
+
+``input -> Batch -> engine profiles -> kernel plans -> rules -> Report (+ safe split)``; the
+split reads the configuration's bounds (:mod:`validate_batch.legality.bounds`) and re-checks each step here.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..inputs.batch import Batch, batch_from_dict
+from .bounds import StepBounds, derive_bounds
+from ..engines.chunking import chunk_budget, engine_steps
+from .evaluate import EngineSetup, engine_setup, evaluate
+from ..facts.knowledge import resolve_gpu
+from .report import Report
+from .ruleset import generation
+from .split import safe_split
+
+
+def check_engine_batch(batch: Batch, build: str | None = None, split: bool = True, memo=None,
+                       setup: EngineSetup | None = None, bounds: StepBounds | None = None) -> Report:
+    """Every rule over one forward; with ``split``, the minimal safe split of an illegal one.
+    ``setup`` / ``bounds``: the configuration's, when the caller keeps them (a Checker)."""
+    if setup is None:
+        setup = engine_setup(batch, build)
+    report = evaluate(batch, build, memo, setup)
+    if split and not report.legal:
+        def legal(reqs) -> bool:
+            return evaluate(batch.with_requests(reqs), build, None, setup).legal
+
+        def split_now():
+            b = bounds
+            if b is None or b.rules_generation != generation():
+                b = derive_bounds(batch, setup, build)
+            return safe_split(batch, report, legal, b)
+
+        # built on first read: a guard that only asks "legal?" does not pay for the split
+        report.defer_split(split_now)
+    return report
+
+
+def check_batch(obj: Any, gpu: Any = None, build: str | None = None, split: bool = True,
+                chunk: bool = True) -> Report:
+    """Check an engine batch (a :class:`Batch` or a batch document) and return a Report.
+
+    A forward the engine would chunk (more new tokens than its ``chunked_prefill_size``) is checked
+    as the steps the engine runs (:func:`validate_batch.engines.chunking.engine_steps`): the report is the first
+    illegal step's (else the one with the most query rows), and its ``engine_steps`` context lists
+    every step with its verdict. ``chunk=False``: the forward is what the engine ran (a logged
+    step), checked as it is."""
+    b = obj if isinstance(obj, Batch) else batch_from_dict(obj, gpu)
+    if gpu is not None and isinstance(obj, Batch):
+        b = replace(b, gpu=resolve_gpu(gpu))
+    steps = engine_steps(b) if chunk else None
+    if steps is None:
+        return check_engine_batch(b, build=build, split=split)
+    return check_engine_steps(b, steps, build, split)
+
+
+def check_engine_steps(b: Batch, steps: list, build: str | None = None, split: bool = True) -> Report:
+    """Each of the engine's steps for ``b`` (:func:`validate_batch.engines.chunking.engine_steps`) checked; the
+    report is the first illegal step's (else the one with the most query rows), with every step's
+    verdict in its ``engine_steps`` context."""
+    setup = engine_setup(b, build)
+    reports = [check_engine_batch(st.batch, build=build, split=split, setup=setup) for st in steps]
+    rows = [r.context.get("query_rows") for r in reports]
+    shown = next((i for i, r in enumerate(reports) if not r.legal), None)
+    if shown is None:
+        shown = max(range(len(reports)), key=lambda i: rows[i] or 0)
+    size, page, spec = chunk_budget(b)
+    return reports[shown].with_engine_steps({
+        "setting": spec["setting"], "chunk_size": size, "page_size": page, "shown_step": shown + 1,
+        "requested_extend_tokens": sum(r.extend_tokens for r in b.requests if not r.is_decode),
+        "source": spec["source"],
+        "steps": [{"step": i + 1, "pieces": list(st.pieces), "query_rows": rows[i], "legal": r.legal,
+                   "codes": r.codes} for i, (st, r) in enumerate(zip(steps, reports))]})
+
+
+def check_batch_document(doc: Any, gpu: Any = None, build: str | None = None) -> tuple[Report, dict]:
+    report = check_batch(doc, gpu=gpu, build=build)
+    return report, {"kind": "batch", **report.context}

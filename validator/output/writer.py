@@ -1,0 +1,163 @@
+"""The command line's one output object: results on stdout, diagnostics on stderr.
+
+Modes:
+
+* ``human``: text and tables (rich) on stdout;
+* ``json``: one compact JSON document per result on stdout;
+* ``quiet``: nothing on stdout; the exit code is the answer.
+
+Errors and progress go to stderr in every mode. Exit codes shared by every command: 2 bad input
+(one line naming the field), 4 internal error (one line; the traceback with ``VALIDATE_BATCH_DEBUG=1``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any, Callable, NoReturn, Optional
+
+import typer
+from rich.console import Console
+
+from ..errors import InputError
+from ..facts.knowledge import build_record
+
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
+
+DEBUG_ENV = "VALIDATE_BATCH_DEBUG"
+MODES = ("human", "json", "quiet", "jsonl", "github", "junit", "sarif")
+OUTPUT_FORMAT_HELP = ("text (default), json (one object; --json), jsonl (one object per file or call), github "
+                      "(GitHub Actions annotations), junit (JUnit XML), sarif (SARIF 2.1.0)")
+
+
+def _console(stderr: bool) -> Console:
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False)
+
+
+class Output:
+    """Where a command's results and diagnostics go, in one of :data:`MODES`."""
+
+    def __init__(self, mode: str = "human"):
+        if mode not in MODES:
+            raise ValueError(f"output mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self._out: Optional[Console] = None
+        self._err: Optional[Console] = None
+
+    @classmethod
+    def for_flags(cls, as_json: bool = False, quiet: bool = False, output_format: Optional[str] = None) -> "Output":
+        """The mode a command's ``--json`` / ``--quiet`` / ``--output-format`` flags ask for (``--json``
+        wins, then ``--quiet``; ``text`` is ``human``). An unknown format is bad input (exit 2)."""
+        if as_json:
+            return cls("json")
+        if quiet:
+            return cls("quiet")
+        fmt = (output_format or "text").strip().lower()
+        if fmt == "text":
+            fmt = "human"
+        if fmt not in MODES or fmt == "quiet":
+            cls("human").fail(f"--output-format: expected one of text, json, jsonl, github, junit, sarif, got {output_format!r}")
+        return cls(fmt)
+
+    @property
+    def is_ci(self) -> bool:
+        """One of the per-unit CI formats: github, junit, sarif."""
+        return self.mode in ("github", "junit", "sarif")
+
+    @property
+    def is_json(self) -> bool:
+        return self.mode == "json"
+
+    @property
+    def is_quiet(self) -> bool:
+        return self.mode == "quiet"
+
+    @property
+    def console(self) -> Console:
+        """stdout, for human-mode results (markup off unless a call asks for it)."""
+        if self._out is None:
+            self._out = _console(stderr=False)
+        return self._out
+
+    @property
+    def err_console(self) -> Console:
+        """stderr, for progress and diagnostics."""
+        if self._err is None:
+            self._err = _console(stderr=True)
+        return self._err
+
+    def result(self, obj: Any) -> None:
+        """A result: printed as text (or a rich table) in human mode, as JSON in json mode, not at all
+        when quiet."""
+        if self.mode == "json":
+            self.json(obj)
+        elif self.mode == "human":
+            self.console.print(obj)
+
+    def write(self, text: str) -> None:
+        """Raw text on stdout (nothing when quiet)."""
+        if self.mode != "quiet":
+            sys.stdout.write(text)
+
+    def json(self, obj: Any, default: Optional[Callable[[Any], Any]] = None) -> None:
+        """One compact JSON document and a newline on stdout (nothing when quiet)."""
+        if self.mode != "quiet":
+            sys.stdout.write(json.dumps(obj, separators=(",", ":"), default=default) + "\n")
+
+    def fail(self, message: str) -> NoReturn:
+        """Bad input: ``error: MESSAGE`` on stderr, exit 2."""
+        line = " ".join(str(message).split()).encode("utf-8", "backslashreplace").decode("utf-8")
+        print(f"error: {line}", file=sys.stderr)
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+    def error(self, e: InputError) -> NoReturn:
+        """Bad input: one line on stderr naming the field (``error: FIELD: MESSAGE``), exit 2."""
+        self.fail(str(e))
+
+    def internal(self, exc: BaseException) -> int:
+        """An unexpected exception: one line on stderr (its type and message, and where to report it),
+        the traceback before it when ``VALIDATE_BATCH_DEBUG`` is set; returns the exit code (4)."""
+        debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+        if debug:
+            traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+        message = " ".join(str(exc).split())
+        if len(message) > 200:
+            message = message[:200] + f"... ({len(message)} characters)"
+        what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        hint = "" if debug else f"; --debug or {DEBUG_ENV}=1 shows the traceback"
+        print(f"internal error: {what} (a bug in validate-batch: please report it with the command and its input{hint})",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+KERNEL_GEN_HELP = ("FlashMLA build to judge by: a name from `validate-batch builds`, or `auto` (the build installed "
+                   "here, read from package metadata); default: the one the engine version ships, else "
+                   "rules/flashmla.json's default")
+
+
+def kernel_option(value: str | None, output: "Output") -> str | None:
+    """``--build``: a known build name (InputError otherwise), ``auto`` resolved to the installed
+    build (said on stderr), or None."""
+    if value is None:
+        return None
+    if value.strip().lower() == "auto":
+        from ..kernel_mode.env import auto_generation  # kernel mode's detection: only when asked for
+        from ..kernel_mode.providers import find_providers
+
+        providers = find_providers()
+        if not any(p.api is not None for p in providers):
+            if not output.is_quiet:
+                output.err_console.print("--build auto: no FlashMLA build is installed here; judging by the build "
+                                         "the engine version ships (or rules/flashmla.json's default)", markup=False)
+            return None
+        got = auto_generation(providers)
+        if not output.is_quiet:
+            output.err_console.print(f"--build auto: {got['generation']} ({got['why']})", markup=False)
+        return got["generation"]
+    try:
+        return build_record(value)["name"]
+    except InputError as e:
+        raise InputError("--build", e.message) from None
