@@ -9,7 +9,7 @@ from ..ingest.crash_dump import CrashDump
 from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import LogEvidence
-from ..engines import get_profile, provided_by
+from ..engines import get_profile, provided_by, resolve_version
 from .boundary import BisectChecker
 from .builder import Builder
 from .consistency import budget_check, cross_check, survival_check
@@ -17,7 +17,7 @@ from .candidates import add_headroom, evaluate
 from .attribution import build_explanation, completed_reason, error_targets
 from .fixes import propose_fixes
 from .kernel import kernel_hook
-from .engine_choice import backend_profile, choose_profile, versions_known, versions_to_try
+from .engine_choice import backend_profile, choose_profile, split_pinned, versions_known, versions_to_try
 from .results import Candidate, Diagnosis
 from .vllm import diagnose_vllm, diagnose_vllm_without_dump, engine_of, vllm_profile_note
 from .without_steps import candidates_without_steps
@@ -68,8 +68,13 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
         return diagnose_vllm_without_dump(evidence, cfg, err, notes, sigs, opts.kernel_gen)
 
     profile, why_profile = choose_profile(cfg, err, opts.engine, evidence)
+    profile, pinned = split_pinned(profile)
     era = evidence.era() if evidence is not None else None
     versions, after, vbasis = versions_to_try(opts.sglang_version, era, cfg.entry_point)
+    if pinned is not None:
+        for name in profile:
+            resolve_version(name, pinned)       # an unknown version is an input error, never a guess
+        versions, after, vbasis = [pinned], None, f"--engine names version {pinned}"
     versions, dropped = versions_known(profile, versions)
     if dropped:
         notes.append(f"profile {', '.join(profile)} has no version for SGLang {', '.join(dropped)} (the releases that "

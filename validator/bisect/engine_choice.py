@@ -63,6 +63,24 @@ def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str
     return ["sglang-dsv4"], "no model or error pointed elsewhere; the DeepSeek-V4 FlashMLA profile is the default"
 
 
+def split_pinned(profile: list[str]) -> tuple[list[str], str | None]:
+    """``--engine`` names as ``PROFILE`` or ``PROFILE@VERSION`` (as ``check`` takes them): the profile names
+    and the one version they pin (None when none does). Profiles pinned to different versions are an
+    input error: a crash ran one engine version."""
+    names, pins = [], []
+    for spec in profile:
+        name, at, version = spec.partition("@")
+        if at and not version.strip():
+            raise InputError("--engine", f"{spec!r}: expected PROFILE@VERSION, got no version after '@'")
+        names.append(name.strip())
+        if at:
+            pins.append(version.strip())
+    if len(set(pins)) > 1:
+        raise InputError("--engine", f"profiles pinned to different versions ({', '.join(profile)}): a crash ran one "
+                                     "engine version; name it once, e.g. sglang-dsv4@0.5.23,sglang-slots")
+    return names, (pins[0] if pins else None)
+
+
 def versions_to_try(user_version: str | None, era: Era | None,
                     entry_point: str | None = None) -> tuple[list[str | None], bool | None, str]:
     """Profile versions to evaluate, whether Prefill lines follow their forward, and why."""
