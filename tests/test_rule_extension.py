@@ -13,7 +13,7 @@ import pytest
 import validate_batch
 from validate_batch.bisect import BisectChecker, find_boundary
 from validate_batch.errors import BatchIllegalError
-from validate_batch.legality.registry import generation, rule, unregister
+from validate_batch.legality.registry import revision, rule, unregister
 
 ENGINE = "sglang-dsv4@pre-25418"
 H200_ROWS = (232448 - 4) // 20           # 11622
@@ -81,7 +81,7 @@ def test_removing_the_rule_restores_the_fast_path(add_rule):
     assert not guard.bounds.complete
     unregister("TST901")
     fresh = validate_batch.Checker(engine=ENGINE, gpu="H200")
-    assert fresh.bounds.complete and fresh.bounds.rules_generation == generation()
+    assert fresh.bounds.complete and fresh.bounds.rules_revision == revision()
     assert fresh.verdict("extend", extend_lens=[10], prefix_lens=[100001], rids=["a"])
 
 

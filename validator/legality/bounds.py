@@ -23,7 +23,7 @@ from ..flashmla.calls import MAX_ROWS
 from ..facts.modes import Mode
 from ..facts.names import ROUTABLE_MODES
 from .ruleset import STATE as RULES
-from .ruleset import forward_rules, generation
+from .ruleset import forward_rules, revision
 from .search import largest_legal
 
 #: quantities a bound (or the configuration probe) always covers; ``lengths`` is covered when
@@ -51,7 +51,7 @@ class RowRule:
 class StepBounds:
     """What a step of one configuration may hold, and how to decide it from counts."""
 
-    rules_generation: int
+    rules_revision: int
     has_rows: bool                    # a profile provides query rows
     has_slots: bool                   # a profile provides request slots
     max_rows: int | None              # largest legal query rows on the decode kernel (None: no rows)
@@ -73,7 +73,7 @@ class StepBounds:
     @property
     def complete(self) -> bool:
         """Every registered rule is decided by these bounds (and none was added since)."""
-        return not self.undecided and self.rules_generation == generation()
+        return not self.undecided and self.rules_revision == revision()
 
     @property
     def sure_rows(self) -> int:
@@ -93,7 +93,7 @@ class StepBounds:
         it. The commonest answer comes first: 1..:attr:`sure_rows` rows with every slot in range,
         under the rules these bounds were derived for, are legal in any mode."""
         if (0 < rows <= self._sure and (max_slot is None or self.max_slot is None or 0 <= max_slot <= self.max_slot)
-                and RULES.generation == self.rules_generation):
+                and RULES.revision == self.rules_revision):
             return True
         if not self.complete:
             return None
@@ -148,7 +148,7 @@ def _edge(legal, hint: int, lo: int, cap: int) -> int:
 
 def derive_bounds(batch: Batch, setup: EngineSetup, build: str | None = None) -> StepBounds:
     """The bounds of ``batch``'s configuration (its requests are not read)."""
-    gen = generation()
+    gen = revision()
     template = probe_step(batch)
     probe = evaluate(template, build, setup=setup)
     bp = probe.batch_plan

@@ -14,7 +14,7 @@ from ..engines.chunking import chunk_budget, engine_steps
 from .evaluate import EngineSetup, engine_setup, evaluate
 from ..facts.knowledge import resolve_gpu
 from .report import Report
-from .ruleset import generation
+from .ruleset import revision
 from .split import safe_split
 
 
@@ -31,7 +31,7 @@ def check_engine_batch(batch: Batch, build: str | None = None, split: bool = Tru
 
         def split_now():
             b = bounds
-            if b is None or b.rules_generation != generation():
+            if b is None or b.rules_revision != revision():
                 b = derive_bounds(batch, setup, build)
             return safe_split(batch, report, legal, b)
 

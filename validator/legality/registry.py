@@ -104,21 +104,21 @@ class Rule:
 
 REGISTRY: dict[str, Rule] = {}
 class RegistryState:
-    """``generation`` changes whenever a rule is registered or removed: selections of rules and
+    """``revision`` changes whenever a rule is registered or removed: selections of rules and
     bounds derived from them record it and are rebuilt (or bypassed) when it moves."""
 
-    __slots__ = ("generation",)
+    __slots__ = ("revision",)
 
     def __init__(self):
-        self.generation = 0
+        self.revision = 0
 
 
 STATE = RegistryState()
 
 
-def generation() -> int:
+def revision() -> int:
     """A number that changes whenever a rule is registered or removed."""
-    return STATE.generation
+    return STATE.revision
 
 
 def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None,
@@ -155,7 +155,7 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
         r = Rule(code, scope, func, title, severity, failure, source, family or code.rstrip("0123456789"),
                  shape_only, reads, safe_rows, subject if scope == "call" else "batch", sigs, page, added)
         REGISTRY[code] = r
-        STATE.generation += 1
+        STATE.revision += 1
         func.rule = r
         return func
 
@@ -165,7 +165,7 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
 def unregister(code: str) -> None:
     """Remove a rule (for rules registered at run time, e.g. by a test or a plugin)."""
     if REGISTRY.pop(code, None) is not None:
-        STATE.generation += 1
+        STATE.revision += 1
 
 
 def all_rules() -> list[Rule]:
@@ -197,12 +197,12 @@ def _signatures(gen: int) -> tuple[Signature, ...]:
 def all_signatures() -> tuple[Signature, ...]:
     """Every registered rule's error signatures: by the rules' ``added`` order (then registration),
     each rule's in the order it lists them."""
-    return _signatures(STATE.generation)
+    return _signatures(STATE.revision)
 
 
 @lru_cache(maxsize=64)
 def _scope_rules(scope: str, gen: int, kind: str = "flashmla") -> tuple[Rule, ...]:
-    # keyed by the registry's generation: a rule registered later gets a fresh selection
+    # keyed by the registry's revision: a rule registered later gets a fresh selection
     return tuple(REGISTRY[c] for c in sorted(REGISTRY)
                  if REGISTRY[c].scope == scope and (scope != "call" or REGISTRY[c].subject == kind))
 
@@ -210,7 +210,7 @@ def _scope_rules(scope: str, gen: int, kind: str = "flashmla") -> tuple[Rule, ..
 def rules_for(scope: str, kind: str = "flashmla") -> tuple[Rule, ...]:
     """The rules of one scope (call rules: of one subject kind), in code order (selected once,
     not on every call)."""
-    return _scope_rules(scope, STATE.generation, kind)
+    return _scope_rules(scope, STATE.revision, kind)
 
 
 def shape_rules() -> tuple[Rule, ...]:
@@ -229,7 +229,7 @@ def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Findin
     out: list[Finding] = []
     skip = getattr(subject, "quiet_rules", None)
     kind = getattr(subject, "rule_kind", "flashmla") if scope == "call" else "flashmla"
-    rules = _active_rules(scope, STATE.generation, skip or frozenset(), only, kind) if (skip or only is not None) \
+    rules = _active_rules(scope, STATE.revision, skip or frozenset(), only, kind) if (skip or only is not None) \
         else rules_for(scope, kind)
     for r in rules:
         res: Iterable[Finding] | None = r.func(subject)

@@ -18,7 +18,7 @@ from .registry import (
                        all_rules,
                        all_signatures,
                        forward_rules,
-                       generation,
+                       revision,
                        get_rule,
                        rule,
                        rules_for,
@@ -27,5 +27,5 @@ from .registry import (
                        unregister,
 )
 
-__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "all_signatures", "forward_rules", "generation", "get_rule", "rule", "rules_for", "run_rules",
+__all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "all_signatures", "forward_rules", "revision", "get_rule", "rule", "rules_for", "run_rules",
            "shape_rules", "unregister"]
