@@ -39,7 +39,7 @@ def check_plan(p: Plan) -> list[Finding]:
 def plan_any(c: Any, gpu: GPU, build: str | None = None, where: str = "call"):
     """The plan of one call of any kernel family: a FlashMLA call or record, a FlashInfer or
     DeepGEMM record (by ``kind``), or a FlashMLA tensor check (``sched_meta_reuse``,
-    ``decode_indices``). ``kernel`` names the FlashMLA build (the other families take ``version``)."""
+    ``decode_indices``). ``build`` names the FlashMLA build (the other families take ``version``)."""
     if isinstance(c, Mapping):
         kind = c.get("kind")
         if kind in flashinfer_calls.KINDS:

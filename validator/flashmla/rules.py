@@ -39,7 +39,7 @@ def _fmt_bytes(n: int) -> str:
 
 
 def _page_plan(build: str) -> Plan:
-    """A one-row sparse decode call on an H200 planned on ``kernel``: the facts pages quote."""
+    """A one-row sparse decode call on an H200 planned on ``build``: the facts pages quote."""
     return make_plan({"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}, gpu="H200",
                      build=build)
 

@@ -65,7 +65,7 @@ class EngineSetup:
 
 
 def engine_setup(batch: Batch, build: str | None = None) -> EngineSetup:
-    """``kernel``: the FlashMLA build to judge by; None: the batch's own, else its engine version's."""
+    """``build``: the FlashMLA build to judge by; None: the batch's own, else its engine version's."""
     build = build or batch.kernel_build
     versions, parts = [], []
     for name, ver in batch.profiles:
