@@ -6,6 +6,7 @@ import numpy as np
 from ..inputs.batch import RequestColumns
 from ..legality.failure import Failure
 from ..flashmla.plan import plan as flashmla_plan
+from ..flashmla.rules import SCHED_SMEM_SIGNATURES
 from ..facts.formula import Formula, formula_field
 from .forward import forward_rows
 from ..facts.knowledge import load
@@ -45,20 +46,7 @@ def decode_rows_page() -> dict:
                       site="get_decoding_sched_meta.cu:111", message="invalid argument"),
       source="SGLang DeepSeek-V4 backend (q is [T, 1, h_q, 512]: one row per token); sparse-prefill routing in "
              "sgl-project/sglang PR #25418/#25502",
-      signatures=[
-          {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
-           "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
-           "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
-                     "on H200 (flashmla-facts.md section 4)"},
-          {"file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
-           "builds": ["flashmla-1408756"],
-           "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
-                     "(flashmla-facts.md section 6)"},
-          {"file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
-           "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
-           "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
-                     "from the binary)"},
-      ])
+      signatures=SCHED_SMEM_SIGNATURES)
 def decode_kernel_rows(bp):
     """The engine sends more query rows to FlashMLA's decode kernel than its scheduler can take.
 

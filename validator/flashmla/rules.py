@@ -52,6 +52,24 @@ def sched_smem_page() -> dict:
     return {"smem_optin": p.gpu.smem_optin, "max_rows": p.max_sched_rows, "example_smem": p.sched_smem_bytes}
 
 
+#: the error lines of the decode scheduler's shared-memory failure, per build: FMLA001's, and the engine
+#: rules' that send it too many rows (SGL001)
+SCHED_SMEM_SIGNATURES = (
+    {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
+     "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
+     "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
+               "on H200 (flashmla-facts.md section 4)"},
+    {"file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
+     "builds": ["flashmla-1408756"],
+     "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
+               "(flashmla-facts.md section 6)"},
+    {"file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
+     "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
+     "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
+               "from the binary)"},
+)
+
+
 @rule("FMLA001", reads="rows", added=1, page=sched_smem_page,
       title="scheduler shared memory: query rows above the GPU's opt-in limit",
       failure=Failure("process_exit",
@@ -60,20 +78,7 @@ def sched_smem_page() -> dict:
                       site="get_decoding_sched_meta.cu:111", message="invalid argument"),
       source="FlashMLA 9241ae3 csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu (dynamic smem "
              "4*(5b+1) B); measured on H200: b=11622 ok, 11623 exits",
-      signatures=[
-          {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
-           "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
-           "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
-                     "on H200 (flashmla-facts.md section 4)"},
-          {"file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
-           "builds": ["flashmla-1408756"],
-           "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
-                     "(flashmla-facts.md section 6)"},
-          {"file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
-           "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
-           "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
-                     "from the binary)"},
-      ])
+      signatures=SCHED_SMEM_SIGNATURES)
 def sched_smem(p: Plan):
     """Scheduler shared memory: at most ``(smem_optin - 4) // 20`` query rows per call.
 
