@@ -89,14 +89,19 @@ def site_kind(file: str) -> str | None:
     return None
 
 
+#: (part of a source path, the library it names); CUTLASS's CuTe headers sit in a directory ``cute``
 _LIBRARIES = (("flashinfer", "flashinfer"), ("flashmla", "flashmla"), ("flash_mla", "flashmla"),
-              ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("cutlass", "cutlass"), ("/cute/", "cutlass"))
+              ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("cutlass", "cutlass"))
+_LIBRARY_DIRS = {"cute": "cutlass"}
 
 
 def library_of(path: str) -> str | None:
     """The library a source path belongs to (``.../flash_mla/...`` -> ``flashmla``), or None."""
     low = path.lower()
-    return next((lib for frag, lib in _LIBRARIES if frag in low), None)
+    found = next((lib for frag, lib in _LIBRARIES if frag in low), None)
+    if found is None:
+        found = next((_LIBRARY_DIRS[d] for d in low.split("/")[:-1] if d in _LIBRARY_DIRS), None)
+    return found
 
 
 # ---------------------------------------------------------------------------------- the rows
