@@ -106,8 +106,10 @@ def test_decode_and_verify_are_never_routed_by_the_switch():
     assert check(doc, build="flashmla-9241ae3").legal
 
 
-@pytest.mark.parametrize("version", ["0.5.22", "post-25418"])
+@pytest.mark.parametrize("version", ["0.5.13", "0.5.14", "post-25418"])
 def test_older_versions_keep_the_threshold_only(version):
+    # the switch exists from 0.5.13 but is off by default until 0.5.15 (sglang 0.5.14 srt/environ.py:796
+    # EnvBool(False), 0.5.15 :851 EnvBool(True)); tests/test_sglang_releases.py checks each release
     r = check(extend_doc([11640], version=version), build="flashmla-9241ae3")
     assert "FMLA001" in errors(r)
 

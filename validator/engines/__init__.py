@@ -16,6 +16,7 @@ from importlib import import_module
 from ..errors import InputError
 from ..facts.knowledge import load
 from .base import BatchPlan, DerivedCall, Profile
+from .versions import judged_label, release_key, releases, resolve_version
 
 
 def profile_names() -> list[str]:
@@ -42,31 +43,5 @@ def provided_by(names) -> frozenset:
     return frozenset().union(*(get_profile(n).provides for n in names)) if names else frozenset()
 
 
-def _vtuple(v: str) -> tuple[int, ...] | None:
-    parts = v.lstrip("v").split(".")
-    try:
-        return tuple(int(p) for p in parts)
-    except ValueError:
-        return None
-
-
-@lru_cache(maxsize=256)       # keyed by the version strings users give: bounded
-def resolve_version(profile: str, version: str | None) -> dict:
-    """The version entry of a profile: by alias, by name, or by release number ranges."""
-    prof = load("engines")["profiles"][profile]
-    want = version or prof["default_version"]
-    for v in prof["versions"]:
-        if want == v["name"] or want in v.get("aliases", []):
-            return v
-    num = _vtuple(want)
-    if num is not None:
-        for v in prof["versions"]:
-            lo, hi = v.get("min_release"), v.get("max_release")
-            if (lo is None or num >= _vtuple(lo)) and (hi is None or num <= _vtuple(hi)):
-                return {**v, "matched_release": want}
-    names = [v["name"] for v in prof["versions"]] + [a for v in prof["versions"] for a in v.get("aliases", [])]
-    raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
-
-
 __all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by",
-           "resolve_version"]
+           "judged_label", "release_key", "releases", "resolve_version"]

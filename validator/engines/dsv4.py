@@ -142,12 +142,13 @@ class Dsv4Setup:
     kv_layout: str | None = None
     use_legacy: bool | None = None
     precompute: tuple | None = None    # (data, num_sm_parts) when the engine computes the schedule
+    excluded: str | None = None        # why no extend goes to sparse prefill in this configuration (None: routing applies)
 
 
 @lru_cache(maxsize=256)
 def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int | None, draft: int,
            version: str, switch: bool | None = None, tail_tokens: int | None = None, kv_layout: str | None = None,
-           use_legacy: bool | None = None, precompute: bool = False) -> Dsv4Setup:
+           use_legacy: bool | None = None, precompute: bool = False, excluded: str | None = None) -> Dsv4Setup:
     prof = _data()
     dflt = prof["defaults"]
     d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
@@ -170,11 +171,36 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
         data = _version_data(version)["sched_precompute"]
         pre = (data, max(gpu.num_sms // 1, 1))      # num_sm_parts = SMs // s_q, and s_q is 1
     return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version, build,
-                     switch, tail_tokens, kv_layout, use_legacy, pre)
+                     switch, tail_tokens, kv_layout, use_legacy, pre, excluded)
 
 
-def _version_data(name: str) -> dict:
-    return next(v for v in _data()["versions"] if v["name"] == name)
+def _version_data(label: str) -> dict:
+    """The resolved version a setup was made for, by its label (a known release, else the entry's name)."""
+    from . import resolve_version
+    return resolve_version(NAME, label)
+
+
+def version_label(version: dict) -> str:
+    return version.get("release") or version["name"]
+
+
+def context_parallel(batch: Batch, version: dict) -> dict | None:
+    """The version's context-parallelism facts when the batch's server runs prefill context parallelism."""
+    cp = version.get("context_parallel")
+    if cp is None or not batch.arg(cp["setting"], False):
+        return None
+    return cp
+
+
+def sparse_prefill_excluded(batch: Batch, version: dict) -> str | None:
+    """Why no extend forward of this batch goes to ``flash_mla_sparse_fwd`` in this version, whatever its
+    rows (None: the routing applies): the GPU's architecture or context parallelism is left out."""
+    if batch.gpu.cc[0] in version.get("sparse_prefill_archs_excluded", []):
+        return f"SM{batch.gpu.cc[0]}0 GPUs are left out of sparse prefill in this release"
+    cp = context_parallel(batch, version)
+    if cp is not None and cp.get("never_routed"):
+        return "a context-parallel extend forward never goes to sparse prefill in this release"
+    return None
 
 
 def sparse_prefill_switch(batch: Batch, version: dict) -> bool | None:
@@ -183,6 +209,9 @@ def sparse_prefill_switch(batch: Batch, version: dict) -> bool | None:
     sw = version.get("sparse_prefill_switch")
     if sw is None:
         return None
+    cp = context_parallel(batch, version)
+    if cp is not None and cp.get("switch_off") and batch.model.get("model_type") not in cp.get("switch_kept_for_models", []):
+        return False                # the engine's DeepSeek-V4 hook turns it off under context parallelism
     v = batch.arg(sw["setting"])
     return bool(sw["default"]) if v is None else bool(v)
 
@@ -244,7 +273,10 @@ def _routing_reason(mode: Mode, rows: int, threshold: int | None, routed: bool, 
 
 def routing_threshold(setup: Dsv4Setup) -> int | None:
     """Extend forwards with more query rows than this go to ``flash_mla_sparse_fwd`` (None: never).
-    With the version's sparse-prefill switch on every extend forward does: 0."""
+    With the version's sparse-prefill switch on every extend forward does: 0; where the release leaves
+    the configuration out of sparse prefill (an SM120 GPU, context parallelism), none does."""
+    if setup.excluded:
+        return None
     return 0 if setup.switch else setup.threshold
 
 
@@ -281,8 +313,9 @@ class Dsv4Profile(Profile):
         h_q = heads_per_rank(batch, dflt)
         layout, use_legacy = kv_layout(batch, version)
         return _setup(batch.gpu, build, h_q, ctx, version.get("sparse_prefill_threshold"), draft_tokens(batch),
-                      version["name"], sparse_prefill_switch(batch, version), late_layer_tail_tokens(batch, version),
-                      layout, use_legacy, _precompute_runs(batch, version, h_q))
+                      version_label(version), sparse_prefill_switch(batch, version),
+                      late_layer_tail_tokens(batch, version), layout, use_legacy, _precompute_runs(batch, version, h_q),
+                      sparse_prefill_excluded(batch, version) if version.get("sparse_prefill_threshold") is not None else None)
 
     def derive(self, batch: Batch, version: dict, setup: Dsv4Setup, bp: BatchPlan, build: str | None,
                memo=None) -> None:
@@ -294,7 +327,13 @@ class Dsv4Profile(Profile):
         routed = mode.is_routable() and threshold is not None and rows > threshold
         bp.rows, bp.row_breakdown, bp.max_rows = rows, bd, setup.max_rows
         bp.routing = {"threshold": threshold, "routed": routed,
-                      "reason": _routing_reason(mode, rows, threshold, routed, setup.switch), "version": version["name"]}
+                      "reason": (f"{setup.excluded}: sent to flash_mla_with_kvcache" if setup.excluded and mode.is_routable()
+                                 else _routing_reason(mode, rows, threshold, routed, setup.switch)),
+                      "version": version["name"]}
+        if version.get("release"):
+            bp.routing["release"] = version["release"]
+        if setup.excluded:
+            bp.routing["excluded"] = setup.excluded
         if setup.switch is not None:
             bp.routing["sparse_prefill_switch"] = setup.switch
         if setup.kv_layout is not None:
@@ -376,7 +415,7 @@ class Dsv4Profile(Profile):
         if mode.is_routable() and version_switch:
             tail = bp.routing.get("late_layer_tail_rows")
             if tail is not None and tail > L:
-                per = _version_data(bp.routing["version"])["late_layer_tails"]["tail_tokens"]
+                per = _version_data(bp.routing.get("release") or bp.routing["version"])["late_layer_tails"]["tail_tokens"]
                 out.append({"flag": "--prefill-max-requests", "value": max(L // per, 1),
                             "why": f"a late-layer tail has up to {per} rows per request and runs flash_mla_with_kvcache: "
                                    f"{L} // {per}"})
@@ -402,7 +441,7 @@ class Dsv4Profile(Profile):
             if thr is not None:
                 out.append({"flag": "(engine)", "value": f"route at > {L} rows instead of > {thr}",
                             "why": f"the routing threshold {thr} is above the decode kernel's real limit {L}"})
-            else:
+            elif not bp.routing.get("excluded"):
                 rel = routing_release()
                 if rel is not None:
                     out.append({"flag": "(upgrade)", "value": f"SGLang {rel[0]} or later (sparse-prefill routing)",

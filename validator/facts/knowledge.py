@@ -183,6 +183,9 @@ def generation(name: str | None = None, path: str | None = None, use_legacy: boo
         raise InputError("kernel", f"build {b['name']} names an unknown generation {echo(key)}")
     shared = {k: v for k, v in data.get("shared", {}).items() if not k.startswith("_")}
     gen = {"name": key, "build": b["name"], **shared, **data["generations"][key]}
+    # what this build has differently from the generation (one sglang-kernel release's combine kernel)
+    for k, v in b.get("generation_overrides", {}).get(key, {}).items():
+        gen[k] = {**gen[k], **v} if isinstance(v, dict) and isinstance(gen.get(k), dict) else v
     if "kv_layouts" in gen:
         gen["kv_layouts"] = {int(d): rec for d, rec in gen["kv_layouts"].items()}
     return gen

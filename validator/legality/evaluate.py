@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..inputs.batch import Batch
 from ..flashinfer.calls import version as flashinfer_version
 from ..facts.knowledge import build_record
-from ..engines import BatchPlan, get_profile, resolve_version
+from ..engines import BatchPlan, get_profile, release_key, resolve_version
 from .report import BatchContext, Finding, Report
 from .ruleset import run_rules
 
@@ -25,6 +25,7 @@ class EngineSetup:
 
     versions: tuple                     # (profile, version label) in profile order
     parts: tuple
+    judged: tuple = ()                  # per profile: what it was judged as and why (resolve_version's judged_as)
 
     @property
     def profiles(self) -> tuple:
@@ -70,10 +71,29 @@ def engine_setup(batch: Batch, build: str | None = None) -> EngineSetup:
     versions, parts = [], []
     for name, ver in batch.profiles:
         v = resolve_version(name, ver)
-        versions.append((name, v.get("matched_release", v["name"]) if ver else v["name"]))
+        versions.append((name, (v["judged_as"]["release"] or v["name"]) if ver and release_key(ver) else v["name"]))
         prof = get_profile(name)
         parts.append((prof, v, prof.setup(batch, v, build)))
-    return EngineSetup(tuple(versions), tuple(parts))
+    setup = EngineSetup(tuple(versions), tuple(parts))
+    build_name = setup.kernel_build
+    judged = tuple({**v["judged_as"], "kernel_build": build_name, "kernel_build_basis": _build_basis(build, v)}
+                   for _, v, _ in parts)
+    return EngineSetup(setup.versions, setup.parts, judged)
+
+
+def _build_basis(build: str | None, v: dict) -> str:
+    if build:
+        return "named by the batch or the command"
+    if v.get("kernel_build"):
+        who = v["judged_as"]["release"] or v["name"]
+        return f"the build {who} ships" + (f": {v['kernel_build_pin']}" if v.get("kernel_build_pin") else "")
+    return "the default build (this version names none)"
+
+
+def version_notes(setup: EngineSetup) -> tuple:
+    """Notes a report carries about the versions it was judged as: one per warning (a release
+    newer than any known judged as the newest)."""
+    return tuple(f"{j['profile']}: {j['basis']}" for j in setup.judged if j.get("warning"))
 
 
 def plan_batch(batch: Batch, build: str | None = None, memo=None, setup: EngineSetup | None = None,
@@ -118,5 +138,5 @@ def evaluate(batch: Batch, build: str | None = None, memo=None, setup: EngineSet
     report = Report(findings, [c.plan for c in bp.calls], batch_plan=bp)
     report.defer_context(lambda: BatchContext(
         {"label": batch.label, "gpu": batch.gpu.to_dict(), "requests": len(batch.requests), "running": len(batch.running)},
-        setup.kernel_build, bp.to_dict(), tuple(batch.notes)))
+        setup.kernel_build, bp.to_dict(), tuple(batch.notes) + version_notes(setup), judged_as=list(setup.judged)))
     return report

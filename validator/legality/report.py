@@ -60,7 +60,8 @@ class BatchContext:
 
     ``batch``: label, GPU, requests and running requests; ``plan``: the forward's mode, engine
     versions and each profile's part (:meth:`validate_batch.engines.BatchPlan.to_dict`);
-    ``engine_steps``: the steps the engine runs instead when it chunks the forward.
+    ``engine_steps``: the steps the engine runs instead when it chunks the forward; ``judged_as``:
+    per engine profile, the version entry and release it was judged as, why, and the kernel build.
     """
 
     batch: dict
@@ -68,10 +69,13 @@ class BatchContext:
     plan: dict = field(metadata=_INLINE)
     notes: tuple = ()
     engine_steps: dict | None = None
+    judged_as: list = field(default_factory=list)
     kind: ClassVar[str] = "batch"
 
     def to_dict(self) -> dict:
         d: dict = {"kind": self.kind, "batch": self.batch, "kernel_build": self.kernel_build, **self.plan}
+        if self.judged_as:
+            d["judged_as"] = self.judged_as
         if self.notes:
             d["notes"] = list(self.notes)
         if self.engine_steps is not None:

@@ -16,6 +16,11 @@ def render_batch(report, payload: dict, console: Console) -> None:
     eng = ", ".join(f"{k}@{v}" for k, v in bp.versions.items())
     console.print(f"batch: {escape(b.label) + ' - ' if b.label else ''}{b.forward_mode} forward, "
                   f"{len(b.requests)} request(s), {len(b.running)} running elsewhere; {eng} on {b.gpu.name}")
+    for j in payload.get("judged_as") or ():
+        as_ = j["release"] or j["version"]
+        console.print(f"  judged as: {escape(j['profile'])} {escape(as_)}"
+                      + (f" (entry {escape(j['version'])})" if as_ != j["version"] else "")
+                      + f" - {escape(j['basis'])}; kernel build {escape(j['kernel_build'])} ({escape(j['kernel_build_basis'])})")
     for note in payload.get("notes") or ():
         console.print(f"  note: {escape(note)}")
     es = payload.get("engine_steps")
