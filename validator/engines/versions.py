@@ -81,6 +81,7 @@ def _judged(profile: str, entry: dict, release: dict | None, basis: str, warning
         out.update({k: v for k, v in release.items() if k not in RELEASE_META and not k.startswith("_")})
         out["release"] = release["release"]
         out["release_source"] = release.get("source")
+        out["release_pins"] = list(release.get("pins", []))
     out["judged_as"] = {"profile": profile, "version": entry["name"],
                         "release": release["release"] if release is not None else out.get("matched_release"),
                         "asked": asked, "basis": basis, "warning": warning}
