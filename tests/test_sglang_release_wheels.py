@@ -1,0 +1,275 @@
+"""The per-release data of rules/engines.json (sglang-dsv4 ``releases``) and rules/flashmla.json
+(the ``sglang-kernel-<version>`` builds), checked against the released wheels themselves.
+
+Where the wheels come from: ``VALIDATE_BATCH_SGLANG_WHEELS``, one or more directories (separated by
+``os.pathsep``) holding ``sglang-<release>-*.whl`` and ``sglang_kernel-<version>-*.whl`` as
+``pip download --no-deps sglang==<release>`` / ``sglang-kernel==<version>`` leave them. A release or
+kernel version whose wheel is not there skips, saying so. The engine's Python source is parsed
+(``ast``), never imported; the kernel binary is read as bytes (its combine-kernel template
+instantiations) and, where ``cuobjdump`` is found (``VALIDATE_BATCH_CUOBJDUMP`` or on ``PATH``),
+disassembled for the CTA index registers the combine kernel reads.
+
+vLLM's FlashMLA commit: ``VALIDATE_BATCH_VLLM_SDIST``, the path of ``vllm-0.33.0.tar.gz``.
+"""
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from validate_batch.facts.knowledge import generation, load
+
+BACKEND = "sglang/srt/layers/attention/deepseek_v4_backend.py"
+ENVIRON = "sglang/srt/environ.py"
+METADATA_PY = "sglang/srt/layers/attention/dsv4/metadata.py"
+HOOK = "sglang/srt/arg_groups/deepseek_v4_hook.py"
+EXEC_FIELDS = "sglang/srt/arg_groups/fields/exec_.py"
+SWITCH = "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL"
+
+
+def _dirs() -> list[Path]:
+    raw = os.environ.get("VALIDATE_BATCH_SGLANG_WHEELS", "")
+    return [Path(p) for p in raw.split(os.pathsep) if p]
+
+
+@lru_cache(maxsize=None)
+def wheel(dist: str, version: str) -> Path | None:
+    for d in _dirs():
+        for f in sorted(d.glob(f"{dist}-{version}-*.whl")):
+            return f
+    return None
+
+
+def need(dist: str, version: str) -> zipfile.ZipFile:
+    w = wheel(dist, version)
+    if w is None:
+        where = os.environ.get("VALIDATE_BATCH_SGLANG_WHEELS") or "VALIDATE_BATCH_SGLANG_WHEELS unset"
+        pytest.skip(f"no {dist}-{version} wheel in {where}")
+    return zipfile.ZipFile(w)
+
+
+def text(zf: zipfile.ZipFile, name: str) -> str | None:
+    try:
+        return zf.read(name).decode("utf-8")
+    except KeyError:
+        return None
+
+
+def rows() -> list[dict]:
+    return load("engines")["profiles"]["sglang-dsv4"]["releases"]
+
+
+def entry(name: str) -> dict:
+    return next(v for v in load("engines")["profiles"]["sglang-dsv4"]["versions"] if v["name"] == name)
+
+
+def merged(row: dict) -> dict:
+    from validate_batch.engines import resolve_version
+    return resolve_version("sglang-dsv4", row["release"])
+
+
+RELEASES = [r["release"] for r in rows()]
+
+
+def _switch_conditions(tree: ast.AST) -> list[str]:
+    """The outermost boolean expressions that read the switch (``SWITCH.get()``), as source text."""
+    parents = {}
+    for node in ast.walk(tree):
+        for child in ast.iter_child_nodes(node):
+            parents[child] = node
+    out = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == SWITCH):
+            top, cur = None, node
+            while cur in parents:
+                cur = parents[cur]
+                if isinstance(cur, ast.BoolOp):
+                    top = cur
+                elif isinstance(cur, (ast.stmt,)):
+                    break
+            out.append(ast.unparse(top if top is not None else node))
+    return out
+
+
+def _cp_switch_off(tree: ast.AST) -> tuple[bool, list[str]]:
+    """Whether validate_deepseek_v4_cp turns the switch off, and the model types it spares."""
+    fn = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "validate_deepseek_v4_cp"), None)
+    if fn is None:
+        return False, []
+
+    def visit(node, guards):
+        for child in ast.iter_child_nodes(node):
+            g = guards + [child.test] if isinstance(child, ast.If) else guards
+            if (isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) and child.func.attr == "set"
+                    and isinstance(child.func.value, ast.Attribute) and child.func.value.attr == SWITCH):
+                yield guards
+            yield from visit(child, g)
+
+    hits = list(visit(fn, []))
+    if not hits:
+        return False, []
+    spared = set()
+    for guards in hits:
+        for t in guards:
+            if isinstance(t, ast.Compare) and isinstance(t.ops[0], ast.NotEq):
+                spared |= {c.value for c in t.comparators if isinstance(c, ast.Constant)}
+    return True, sorted(spared)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_kernel_pins_are_the_wheels(release):
+    zf = need("sglang", release)
+    meta = text(zf, f"sglang-{release}.dist-info/METADATA")
+    pins = re.findall(r"^Requires-Dist: ((?:sglang-kernel|sgl-flash-mla)==[^\s;]+)\s*$", meta, re.M)
+    row = next(r for r in rows() if r["release"] == release)
+    assert sorted(pins) == sorted(row["pins"])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_switch_default_and_the_threshold_are_the_wheels(release):
+    zf = need("sglang", release)
+    v = merged(next(r for r in rows() if r["release"] == release))
+    env = re.search(rf"^\s*{SWITCH} = EnvBool\((True|False)\)", text(zf, ENVIRON), re.M)
+    thr = re.search(r"^_LARGE_INDEXER_QUERY_THRESHOLD = (\d+)", text(zf, METADATA_PY) or "", re.M)
+    if v.get("sparse_prefill_switch") is None:
+        assert env is None and v.get("sparse_prefill_threshold") is None and thr is None
+        assert not _switch_conditions(ast.parse(text(zf, BACKEND)))
+        return
+    assert (env.group(1) == "True") == v["sparse_prefill_switch"]["default"]
+    assert int(thr.group(1)) == v["sparse_prefill_threshold"]
+
+
+@pytest.mark.parametrize("release", [r for r in RELEASES if merged({"release": r}).get("sparse_prefill_switch")])
+def test_the_routing_condition_is_the_wheels(release):
+    zf = need("sglang", release)
+    v = merged({"release": release})
+    conds = _switch_conditions(ast.parse(text(zf, BACKEND)))
+    assert conds, "the switch is read somewhere"
+    routing = [c for c in conds if "_LARGE_INDEXER_QUERY_THRESHOLD" in c]
+    assert routing and all("is_extend_without_speculative" in c or "_use_sparse_prefill" in c or "num_qo_tokens" in c
+                           for c in routing)
+    assert any("is_extend_without_speculative" in c for c in routing) or "_use_sparse_prefill" in text(zf, BACKEND)
+    sm120 = any("is_sm120" in c for c in routing)
+    assert sm120 == (12 in v.get("sparse_prefill_archs_excluded", []))
+    cp_routed_out = any("is_cp_active" in c for c in routing if "is_extend_without_speculative" in c)
+    assert cp_routed_out == bool((v.get("context_parallel") or {}).get("never_routed"))
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_context_parallelism_and_the_switch_are_the_wheels(release):
+    zf = need("sglang", release)
+    v = merged({"release": release})
+    off, spared = _cp_switch_off(ast.parse(text(zf, HOOK) or ""))
+    cp = v.get("context_parallel")
+    assert off == bool(cp and cp["switch_off"])
+    if off:
+        assert spared == sorted(cp["switch_kept_for_models"])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_flashmla_package_the_backend_imports(release):
+    zf = need("sglang", release)
+    src = text(zf, BACKEND)
+    v = merged({"release": release})
+    if "sgl_kernel.flash_mla" in src:
+        pin = next(p for p in v["release_pins"] if p.startswith("sglang-kernel=="))
+        assert v["kernel_build"] == "sglang-kernel-" + pin.split("==")[1]
+    elif "sglang.kernels.ops.attention.flash_mla_interface" in src:
+        wrapper = text(zf, "sglang/kernels/ops/attention/flash_mla_interface.py")
+        assert re.search(r"^import flash_mla$", wrapper, re.M) and "sgl-flash-mla==1.0.0" in v["release_pins"]
+        assert v["kernel_build"] == "sgl-flash-mla-1.0.0"
+    else:
+        assert re.search(r"^\s+import flash_mla$", src, re.M), "the upstream package"
+        assert v["kernel_build"] == "flashmla-9241ae3"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_late_layer_tails_are_the_wheels(release):
+    zf = need("sglang", release)
+    v = merged({"release": release})
+    fields = text(zf, EXEC_FIELDS) or ""
+    m = re.search(r"enable_decoder_swa_bounded_replay: A\[.*?\] = (\w+)", fields, re.S)
+    tails = v.get("late_layer_tails")
+    assert (m is not None) == (tails is not None)
+    if m is not None and m.group(1) == "False":
+        assert tails["default_on_models"] == []
+
+
+# --------------------------------------------------------------------------- sglang-kernel binaries
+KERNEL_BUILDS = {k: b for k, b in load("flashmla")["builds"].items() if k.startswith("sglang-kernel-")}
+COMBINE = re.compile(rb"flash_fwd_mla_combine_kernelIN7cutlass10bfloat16_tELi512ELi8ELi(\d+)ELi256E")
+
+
+def kernel_so(version: str) -> bytes:
+    zf = need("sglang_kernel", version)
+    name = next(n for n in zf.namelist() if n.startswith("sgl_kernel/flashmla_ops") and n.endswith(".so"))
+    return zf.read(name)
+
+
+def pin_of(build: str) -> str:
+    return build[len("sglang-kernel-"):]
+
+
+@pytest.mark.parametrize("build", sorted(KERNEL_BUILDS))
+def test_the_combine_split_limit_is_the_binarys(build):
+    so = kernel_so(pin_of(build))
+    splits = sorted({int(x) for x in COMBINE.findall(so)})
+    assert splits and splits == list(range(32, splits[-1] + 1, 32))
+    assert generation(build, "sparse")["combine"]["max_num_sm_parts"] == splits[-1]
+    assert b"using low-smem fallback kernel" in so and "fallback" in generation(build, "sparse")["sched_smem"]
+
+
+def test_the_feb_2026_fork_build_is_sglang_kernel_0_4_2_post2():
+    so = kernel_so("0.4.2.post2")
+    splits = sorted({int(x) for x in COMBINE.findall(so)})
+    assert generation("sgl-kernel-flashmla", "sparse")["combine"]["max_num_sm_parts"] == splits[-1] == 160
+
+
+def _cuobjdump() -> str | None:
+    return os.environ.get("VALIDATE_BATCH_CUOBJDUMP") or shutil.which("cuobjdump")
+
+
+def ctaid_axes(so: bytes) -> set[str]:
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("no cuobjdump (VALIDATE_BATCH_CUOBJDUMP or PATH)")
+    fn = COMBINE.search(so).group(0).decode()
+    name = f"_ZN4smxx6decode28{fn}EEv13CombineParams"
+    with tempfile.NamedTemporaryFile(suffix=".so") as f:
+        f.write(so)
+        f.flush()
+        out = subprocess.run([tool, "-sass", "-fun", name, f.name], capture_output=True, text=True, timeout=300).stdout
+    axes = set(re.findall(r"SR_CTAID\.([XYZ])", out))
+    assert axes, "the combine kernel was disassembled"
+    return axes
+
+
+GRID_AXES = {"bsq_x": {"X", "Z"}, "b_x__sq_y__hq_z": {"X", "Y", "Z"}}
+
+
+@pytest.mark.parametrize("build", sorted(KERNEL_BUILDS) + ["sgl-kernel-flashmla"])
+def test_the_combine_grid_is_the_binarys(build):
+    version = "0.4.2.post2" if build == "sgl-kernel-flashmla" else pin_of(build)
+    axes = ctaid_axes(kernel_so(version))
+    assert axes == GRID_AXES[generation(build, "sparse")["combine"]["grid"]]
+
+
+def test_vllm_0330_flashmla_commit_is_its_sdists():
+    path = os.environ.get("VALIDATE_BATCH_VLLM_SDIST")
+    if not path or not Path(path).is_file():
+        pytest.skip("VALIDATE_BATCH_VLLM_SDIST (vllm-0.33.0.tar.gz) not given")
+    with tarfile.open(path) as tf:
+        cm = tf.extractfile("vllm-0.33.0/cmake/external_projects/flashmla.cmake").read().decode()
+    repo = re.search(r"GIT_REPOSITORY https://github.com/(\S+)", cm).group(1)
+    tag = re.search(r"GIT_TAG ([0-9a-f]{40})", cm).group(1)
+    assert load("flashmla")["builds"]["vllm-0.33"]["fork_commit"] == f"{repo} {tag}"
