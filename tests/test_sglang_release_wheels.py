@@ -273,3 +273,28 @@ def test_vllm_0330_flashmla_commit_is_its_sdists():
     repo = re.search(r"GIT_REPOSITORY https://github.com/(\S+)", cm).group(1)
     tag = re.search(r"GIT_TAG ([0-9a-f]{40})", cm).group(1)
     assert load("flashmla")["builds"]["vllm-0.33"]["fork_commit"] == f"{repo} {tag}"
+
+
+# --------------------------------------------------------------------------- server-argument names per release
+def _annotated(tree: ast.AST, cls: str | None = None) -> set[str]:
+    out = set()
+    for c in ast.walk(tree):
+        if isinstance(c, ast.ClassDef) and (cls is None or c.name == cls):
+            out |= {n.target.id for n in c.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    return out
+
+
+def test_sglang_0512_server_argument_names_are_the_dataclass_fields():
+    zf = need("sglang", "0.5.12")
+    fields = _annotated(ast.parse(text(zf, "sglang/srt/server_args.py")), "ServerArgs")
+    assert fields and fields == set(load("engine_args")["engines"]["sglang@0.5.12"]["names"])
+
+
+def test_sglang_0523_annotated_setting_fields_are_known_names():
+    # the derived fields (attn_tp_size, ...) are not annotated in the namespaces: only the annotated part is checked
+    zf = need("sglang", "0.5.23")
+    fields = set()
+    for name in zf.namelist():
+        if name.startswith("sglang/srt/arg_groups/fields/") and name.endswith(".py"):
+            fields |= {f for f in _annotated(ast.parse(text(zf, name))) if not f.startswith("_")}
+    assert fields and fields <= set(load("engine_args")["engines"]["sglang@0.5.23"]["names"])
