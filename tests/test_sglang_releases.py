@@ -127,9 +127,16 @@ def test_other_profiles_warn_for_newer_releases_too(profile, spec, newest):
 
 
 def test_a_range_less_entry_is_never_chosen_by_a_number():
-    # sglang-slots' pre-fix / post-fix entries name no releases: 0.5.12 is not one of them
-    with pytest.raises(InputError):
-        resolve_version("sglang-slots", "0.5.12")
+    from validate_batch.engines.versions import _in_range
+    assert not _in_range(release_key("0.5.12"), {"name": "x"})
+    assert _in_range(release_key("0.5.12"), {"name": "x", "max_release": "0.5.12"})
+    assert not _in_range(release_key("0.5.12.post1"), {"name": "x", "max_release": "0.5.12"})
+
+
+def test_slot_tails_by_release():
+    # the plain DSA builder passes the request table's rows from 0.5.20 (kv_cache_configurator.py:1263)
+    got = [resolve_version("sglang-slots", r)["draft_tail_sizing"] for r in ("0.5.12", "0.5.19", "0.5.20", "0.5.22", "0.5.23")]
+    assert got == ["running_limit", "running_limit", "table_rows", "table_rows", "table_rows"]
 
 
 # --------------------------------------------------------------------------- routing at each boundary

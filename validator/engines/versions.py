@@ -157,7 +157,10 @@ def resolve_version(profile: str, version: str | None) -> dict:
             if _in_range(key, v):
                 return _judged(profile, {**v, "matched_release": want}, None,
                                f"release {want} (given): entry {v['name']!r}, by its release range", asked=version)
-    raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(known_spellings(profile))}")
+    ranges = [f"{v.get('min_release') or '...'} .. {v.get('max_release') or '...'}" for v in prof["versions"]
+              if v.get("min_release") or v.get("max_release")]
+    raise InputError("engine", f"unknown version {want!r} of {profile}: no entry's release range ({'; '.join(ranges) or 'none'}) "
+                               f"includes it; known: {', '.join(known_spellings(profile))}")
 
 
 def judged_label(v: dict) -> str:
