@@ -567,10 +567,11 @@ def gpus(as_json: bool = typer.Option(False, "--json", help="The profiles as JSO
 
 @app.command()
 def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as JSON.")):
-    """List the engine profiles and their versions (what changes between them).
+    """List the engine profiles, their versions (what changes between them) and the releases read.
 
     Example: `validate-batch engines`; then `engine: sglang-dsv4@post-25418` in a batch file.
     """
+    from ..engines.versions import release_key
     output = Output.for_flags(as_json)
     data = load("engines")["profiles"]
     if output.is_json:
@@ -584,6 +585,9 @@ def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as 
             rng = " ".join(x for x in (f">= {v['min_release']}" if v.get("min_release") else "",
                                         f"<= {v['max_release']}" if v.get("max_release") else "") if x)
             out.print(f"  @{v['name']} (also {aliases}{'; releases ' + rng if rng else ''}): {v['note']}")
+        for r in sorted(prof.get("releases", []), key=lambda r: release_key(r["release"])):
+            build = r.get("kernel_build") or next(v for v in prof["versions"] if v["name"] == r["version"]).get("kernel_build")
+            out.print(f"  release {r['release']}: @{r['version']}, kernel build {build} ({', '.join(r.get('pins', []))})")
 
 
 # Subcommands defined next to the code they drive.
