@@ -66,6 +66,8 @@ def evaluate(c: Candidate, checker: BisectChecker, targets: set[str]) -> None:
     _, ver, verdict, codes, rep, at, match = best
     c.version, c.verdict, c.codes = ver, verdict, codes
     c.findings = summarise_findings(rep)
+    ctx = rep.context
+    c.judged_as = list((ctx.get("judged_as") if isinstance(ctx, dict) else getattr(ctx, "judged_as", None)) or [])
     c.matches_error = match
     c.explains = [x for x in codes if x in targets]
     c.batch = c.make(at, ver)

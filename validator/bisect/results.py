@@ -67,6 +67,7 @@ class Candidate:
     safe_split: dict | None = None
     check_error: str | None = None
     version_notes: list[str] = field(default_factory=list)
+    judged_as: list = field(default_factory=list)   # per profile: the release and build the verdict was judged as, and why
 
     @property
     def value(self) -> int:
@@ -96,6 +97,8 @@ class Candidate:
             d["check_error"] = self.check_error
         if self.version_notes:
             d["version_notes"] = self.version_notes
+        if self.judged_as:
+            d["judged_as"] = self.judged_as
         return d
 
 

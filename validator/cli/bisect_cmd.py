@@ -212,6 +212,9 @@ def render_diagnosis(diag, console) -> None:
         for line in ex.basis:
             p(f"  - {line}")
         p(f"  {ex.quantity}: {rng}; checked as {', '.join(diag.profile)}" + (f"@{ex.version}" if ex.version else ""))
+        for j in ex.judged_as:
+            p(f"  judged as: {j['profile']} {j['release'] or j['version']} - {j['basis']}; kernel build "
+              f"{j['kernel_build']} ({j['kernel_build_basis']})")
         if len(ex.version_notes) > 1:
             p(f"  engine version not known exactly; checked under each: {'; '.join(ex.version_notes)}")
         p(f"rule: {', '.join(ex.explains)} ({ex.verdict}; its signature matches the error)")

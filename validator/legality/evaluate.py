@@ -84,9 +84,10 @@ def engine_setup(batch: Batch, build: str | None = None) -> EngineSetup:
 def _build_basis(build: str | None, v: dict) -> str:
     if build:
         return "named by the batch or the command"
+    if v.get("kernel_build") and v.get("release"):
+        return f"the build {v['release']} ships" + (f": {v['kernel_build_pin']}" if v.get("kernel_build_pin") else "")
     if v.get("kernel_build"):
-        who = v["judged_as"]["release"] or v["name"]
-        return f"the build {who} ships" + (f": {v['kernel_build_pin']}" if v.get("kernel_build_pin") else "")
+        return f"the build entry {v['name']!r} names"
     return "the default build (this version names none)"
 
 
