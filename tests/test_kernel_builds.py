@@ -32,6 +32,10 @@ UPSTREAM_FEATURES = frozenset({"indices", "topk_length", "extra_k_cache", "extra
     ("flash_mla", None, "tensors", set(), None, "flashmla-1408756"),
     ("flash_mla", None, "sched_meta", {"enable_batch_invariant"}, None, "flashmla-2026.09.30"),
     ("sgl_kernel", Dist("sgl-kernel", "0.3.21"), "tensors", set(), None, "sgl-kernel-flashmla"),
+    # an sglang-kernel release whose binary was read is its own build (its combine kernel's grid and splits)
+    ("sgl_kernel", Dist("sglang-kernel", "0.4.7"), "sched_meta", set(), None, "sglang-kernel-0.4.7"),
+    ("sgl_kernel", Dist("sglang-kernel", "0.4.6"), "sched_meta", set(), None, "sglang-kernel-0.4.6"),
+    ("sgl_kernel", Dist("sglang-kernel", "0.4.10"), "sched_meta", set(), None, "sgl-kernel-flashmla"),
     ("vllm", Dist("vllm", "0.33.0"), None, set(), None, "vllm-0.33"),
 ])
 def test_build_names(provider, dist, api, params, use_legacy, expected):

@@ -14,7 +14,8 @@ Distributions and the builds they carry:
   commit in the version's local part (``1.0.0+9241ae3``): the 2026.09.30 release takes
   ``enable_batch_invariant``; the current ``sched_meta`` API is ``flashmla-9241ae3``; the Oct-2025
   ``tensors`` API is ``flashmla-1408756``;
-* ``sgl-kernel`` / ``sglang-kernel`` (module ``sgl_kernel.flash_mla``): ``sgl-kernel-flashmla``;
+* ``sgl-kernel`` / ``sglang-kernel`` (module ``sgl_kernel.flash_mla``): ``sglang-kernel-<version>`` for
+  a version read from its binary (rules/flashmla.json), else ``sgl-kernel-flashmla``;
 * ``vllm``: its bundled copy, the extension ``vllm/_flashmla_C*.so``, found by its file (vLLM's
   metadata does not list it separately): ``vllm-<major>.<minor>``. Kernel mode lists it but does not
   drive it.
@@ -138,6 +139,11 @@ def build_name(provider: str, dist: Dist | None, api: str | None, params: frozen
     """
     dname = canonical(dist.name) if dist else ""
     if provider == "sgl_kernel" or dname in ("sgl-kernel", "sglang-kernel"):
+        if dist is not None:
+            from ..facts.knowledge import build_names
+            known = f"sglang-kernel-{dist.version.split('+')[0]}"
+            if known in build_names():
+                return known
         return SGL_KERNEL_BUILD
     if provider == "vllm" or dname == "vllm":
         m = re.match(r"(\d+)\.(\d+)", dist.version if dist else "")
