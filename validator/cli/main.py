@@ -28,6 +28,7 @@ from ..output.formats import SCHEMA_VERSIONS, render_statistics
 from ..inputs.documents import example_path
 from ..facts.knowledge import build_record, build_names, generation, gpu_by_name, gpu_names, load
 from ..facts.limits import echo
+from ..engines.versions import release_key
 from ..output.writer import (  # noqa: F401 (the exit codes)
     DEBUG_ENV,
     EXIT_BAD_INPUT,
@@ -571,7 +572,6 @@ def engines(as_json: bool = typer.Option(False, "--json", help="The profiles as 
 
     Example: `validate-batch engines`; then `engine: sglang-dsv4@post-25418` in a batch file.
     """
-    from ..engines.versions import release_key
     output = Output.for_flags(as_json)
     data = load("engines")["profiles"]
     if output.is_json:

@@ -22,6 +22,7 @@ from ..facts.modes import Mode
 from ..legality.ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
 from .rules import precompute_formula
+from .versions import resolve_version
 
 NAME = "sglang-dsv4"
 
@@ -176,7 +177,6 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
 
 def _version_data(label: str) -> dict:
     """The resolved version a setup was made for, by its label (a known release, else the entry's name)."""
-    from . import resolve_version
     return resolve_version(NAME, label)
 
 

@@ -28,6 +28,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..facts.knowledge import build_names
+
 # distribution -> (provider, module kernel mode imports)
 DISTRIBUTIONS = {
     "sgl-flash-mla": ("flash_mla", "flash_mla"),
@@ -140,7 +142,6 @@ def build_name(provider: str, dist: Dist | None, api: str | None, params: frozen
     dname = canonical(dist.name) if dist else ""
     if provider == "sgl_kernel" or dname in ("sgl-kernel", "sglang-kernel"):
         if dist is not None:
-            from ..facts.knowledge import build_names
             known = f"sglang-kernel-{dist.version.split('+')[0]}"
             if known in build_names():
                 return known
