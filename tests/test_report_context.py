@@ -44,7 +44,14 @@ def test_checker_report_context_matches_its_batch_plan():
     bp = rep.batch_plan
     expected = {"kind": "batch", "batch": {"label": "", "gpu": bp.batch.gpu.to_dict(), "requests": 40, "running": 0},
                 "kernel_build": "flashmla-9241ae3", **bp.to_dict()}   # the build spring-2026 DSv4 builds ran
-    assert rep.context == expected
+    ctx = dict(rep.context)
+    (judged,) = ctx.pop("judged_as")
+    assert ctx == expected
+    # pre-25418 is an alias of the pre-routing entry, whose newest release is 0.5.12.post1
+    assert {k: judged[k] for k in ("profile", "version", "release", "asked", "warning", "kernel_build")} == {
+        "profile": "sglang-dsv4", "version": "pre-routing", "release": "0.5.12.post1", "asked": "pre-25418",
+        "warning": False, "kernel_build": "flashmla-9241ae3"}
+    assert "pre-25418" in judged["basis"] and "0.5.12.post1" in judged["basis"]
     assert rep.context["query_rows"] == 40 and rep.context["forward_mode"] == "decode"
     doc = json.loads(json.dumps(rep.to_dict()))
     assert doc["legal"] is True and doc["query_rows"] == 40 and len(doc["kernel_calls"]) == 3

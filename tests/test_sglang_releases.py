@@ -297,3 +297,14 @@ def test_a_newer_release_is_a_warning_in_the_json_and_the_human_output():
 def test_an_unknown_release_in_the_span_exits_2_naming_the_known_ones():
     res = runner.invoke(app, ["check", "--engine", "sglang-dsv4@0.5.14.post1", "--extend", "100"])
     assert res.exit_code == 2 and "0.5.14.post1" in res.output and "0.5.15.post1" in res.output
+
+
+@pytest.mark.parametrize("release,has", [("0.5.20", False), ("0.5.21", True), ("0.5.22", True)])
+def test_late_layer_tails_exist_from_0521_and_are_off_by_default(release, has):
+    # enable_decoder_swa_bounded_replay: a field of 0.5.21 / 0.5.22 (default False); each request's last
+    # min(128, extend) tokens run the decode kernel, the rest of the forward sparse prefill
+    on = plan_batch(parse_batch(doc([300, 50], release, server_args={"enable_decoder_swa_bounded_replay": True},
+                                    model=V41)))
+    off = plan_batch(parse_batch(doc([300, 50], release, model=V41)))
+    assert "late_layer_tail_rows" not in off.routing
+    assert on.routing.get("late_layer_tail_rows") == (128 + 50 if has else None)
