@@ -308,3 +308,17 @@ def test_late_layer_tails_exist_from_0521_and_are_off_by_default(release, has):
     off = plan_batch(parse_batch(doc([300, 50], release, model=V41)))
     assert "late_layer_tail_rows" not in off.routing
     assert on.routing.get("late_layer_tail_rows") == (128 + 50 if has else None)
+
+
+@pytest.mark.parametrize("sms", [160, 161, 256, 257])
+def test_the_split_limit_flips_a_decode_verdict_between_0519_and_0520(sms):
+    # a decode forward's calls have s_q = 1 and 64 heads: num_sm_parts = SMs; sglang-kernel 0.4.6.post1
+    # (0.5.19) combines up to 160 splits, 0.4.7 (0.5.20) up to 256
+    gpu = {"name": f"custom-{sms}", "num_sms": sms, "cc": [9, 0], "smem_optin": 232448}
+    d = {"engine": "sglang-dsv4@0.5.19", "gpu": gpu, "forward_mode": "decode",
+         "requests": [{"id": f"r{i}", "seq_len": 300} for i in range(4)]}
+    old = validate_batch.check(d)
+    new = validate_batch.check({**d, "engine": "sglang-dsv4@0.5.20"})
+    assert ("FMLA008" in errors(old)) == (sms > 160)
+    assert ("FMLA008" in errors(new)) == (sms > 256)
+    assert old.context["kernel_build"] == "sglang-kernel-0.4.6.post1" and new.context["kernel_build"] == "sglang-kernel-0.4.7"
