@@ -224,22 +224,27 @@ def test_padding_rows_read_out_of_bounds_only_through_minus_one_entries():
 
 def _provenances(node, path=()):
     if isinstance(node, dict):
-        if "provenance" in node:
-            yield path, node["provenance"]
         for k, v in node.items():
+            if k == "provenance" or k.endswith("_provenance"):
+                for e in (v if isinstance(v, list) else [v]):
+                    yield path + (k,), e
             yield from _provenances(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _provenances(v, path + (i,))
 
 
-def test_measured_facts_name_device_package_date_and_fixture():
+def test_the_vllm_measurements_name_device_package_date_fixture_and_build():
+    """Every measured entry naming vLLM 0.33 is this H200 run (2026-12-01) with a fixture of it."""
     data = load("flashmla")
-    found = list(_provenances({"generations": data["generations"], "builds": data["builds"]}))
+    found = [(p, e) for p, e in _provenances({"generations": data["generations"], "builds": data["builds"]})
+             if e["kind"] == "measured" and "vllm-0.33" in e["builds"]]
     paths = {p[:2] for p, _ in found}
     assert ("generations", "vllm-0.33-sparse-sm90") in paths and ("builds", "vllm-0.33") in paths
-    assert ("builds", SGLFM) in paths and ("generations", "vllm-0.33-legacy") in paths
+    assert ("generations", "vllm-0.33-legacy") in paths and ("generations", "dense-fp8") in paths
     root = MEASURED.parents[1]
     for path, prov in found:
-        assert prov["kind"] in ("measured", "read"), path
-        if prov["kind"] == "measured":
-            assert prov["device"].startswith("NVIDIA H200") and prov["date"] == "2026-12-01", path
-            assert ("0.33.0" in prov["package"]) or ("1.0.0" in prov["package"]), path
-            assert (root / prov["fixture"]).is_file(), path
+        assert prov["device"].startswith("NVIDIA H200") and prov["date"] == "2026-12-01", path
+        assert "vllm 0.33.0" in prov["package"], path
+        for fx in ([prov["fixture"]] if isinstance(prov["fixture"], str) else prov["fixture"]):
+            assert fx.startswith("fixtures/measured/vllm033_h200_") and (root / fx).is_file(), path

@@ -77,6 +77,11 @@ class DeepGemmPlan:
     def gen(self) -> dict:
         return {"build": self.facts["name"]}
 
+    def fact_scope(self) -> tuple:
+        """Where the rules' facts about this call live: its DeepGEMM version, this GPU's layout
+        (``{layout}``)."""
+        return "deepgemm", self.facts["name"], self.facts["name"], {"layout": self.layout_key}
+
     @property
     def caller_facts(self) -> dict | None:
         c = self.call.caller

@@ -15,6 +15,7 @@ from importlib import import_module
 
 from ..errors import InputError
 from ..facts.knowledge import load
+from ..facts.provenance import record_kind
 from .base import BatchPlan, DerivedCall, Profile
 
 
@@ -66,6 +67,14 @@ def resolve_version(profile: str, version: str | None) -> dict:
                 return {**v, "matched_release": want}
     names = [v["name"] for v in prof["versions"]] + [a for v in prof["versions"] for a in v.get("aliases", [])]
     raise InputError("engine", f"unknown version {want!r} of {profile}; known: {', '.join(names)} or a release number")
+
+
+@record_kind("engine")
+def _engine_record(name: str) -> dict:
+    """``PROFILE@VERSION``: the profile's record with its version's entry over it (where the engine
+    rules' facts live)."""
+    profile, _, version = name.partition("@")
+    return {**load("engines")["profiles"][profile], **resolve_version(profile, version or None)}
 
 
 __all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by",

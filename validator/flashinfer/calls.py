@@ -117,6 +117,10 @@ class FlashInferPlan:
     def gen(self) -> dict:
         return {"build": self.facts["name"]}
 
+    def fact_scope(self) -> tuple:
+        """Where the rules' facts about this call live: its FlashInfer version."""
+        return "flashinfer", self.facts["name"], self.facts["name"], {}
+
     @property
     def grid(self) -> dict | None:
         """The trtllm-gen launch grid's batch axis: ``{"axis": "z", "value": batch}`` (None for a plan)."""

@@ -13,6 +13,32 @@ from .plan import plan as make_plan
 from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
 
 
+def _facts(when, *paths):
+    """A rule's facts (:mod:`validate_batch.facts.provenance`): ``paths`` on the plans ``when(plan)``
+    holds for, none on the others (the rule cannot fire there)."""
+    return lambda p: paths if when(p) else ()
+
+
+def _decode(p) -> bool:
+    return p.is_decode
+
+
+def _sparse(p) -> bool:
+    return p.is_decode and p.call.kind == "sparse"
+
+
+def _dense(p) -> bool:
+    return p.is_decode and p.call.kind in ("dense", "dense_fp8")
+
+
+def _dense_fp8(p) -> bool:
+    return p.is_decode and p.call.kind == "dense_fp8"
+
+
+def _prefill(p) -> bool:
+    return isinstance(p.call, SparsePrefillCall)
+
+
 def _int_max(bits: int) -> int:
     """Largest value of a signed ``bits``-bit integer."""
     return (1 << (bits - 1)) - 1
@@ -70,7 +96,7 @@ SCHED_SMEM_SIGNATURES = (
 )
 
 
-@rule("FMLA001", reads="rows", added=1, page=sched_smem_page,
+@rule("FMLA001", facts=_facts(_decode, 'sched_smem', 'failures'), reads="rows", added=1, page=sched_smem_page,
       title="scheduler shared memory: query rows above the GPU's opt-in limit",
       failure=Failure("process_exit",
                       "raising the scheduling kernel's shared-memory limit fails, the library prints 'CUDA error "
@@ -137,7 +163,7 @@ def oaccum_safe_rows(p: Plan) -> int | None:
     return max(_int_max(acc["offset_bits"]) // stride - p.num_sm_parts + 1, 0)
 
 
-@rule("FMLA002", reads="schedule", safe_rows=oaccum_safe_rows, added=2,
+@rule("FMLA002", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'oaccum', 'idle_begin_block', ''), reads="schedule", safe_rows=oaccum_safe_rows, added=2,
       title="32-bit o_accum row offset overflows for a split request",
       failure=Failure("illegal_memory_access",
                       "'CUDA error (.../combine.cu:197): an illegal memory access was encountered', exit(1); the "
@@ -206,7 +232,7 @@ def oaccum_offset(p: Plan):
     )]
 
 
-@rule("FMLA003", reads="lengths", added=3,
+@rule("FMLA003", facts=_facts(_sparse, 'failures'), reads="lengths", added=3,
       title="per-request topk_length / extra_topk_length outside [0, width]",
       failure=Failure("undefined_behaviour",
                       "reads past the row of indices; measured: illegal memory access at combine.cu:197 (exit(1)) "
@@ -266,7 +292,7 @@ def topk_length_range(p: Plan):
     return out
 
 
-@rule("FMLA004", shape_only=True, added=4,
+@rule("FMLA004", facts=_facts(_sparse, 'topk_block', 'failures'), shape_only=True, added=4,
       title="topk (or SM100 head64 extra_topk) not a multiple of 64",
       failure=Failure("process_crash",
                       "a host assertion that topk is a multiple of the top-k block fails, then SIGSEGV",
@@ -321,7 +347,7 @@ def topk_alignment(p: Plan):
     return out
 
 
-@rule("FMLA005", shape_only=True, added=5,
+@rule("FMLA005", facts=_facts(_sparse, 'sparse_shapes', 'kv_layouts', 'failures'), shape_only=True, added=5,
       title="unsupported head count or head dimension for sparse decode",
       failure=Failure("process_crash", also=("python_exception",), message="Segmentation fault|SIGSEGV",
                       text="process_crash for h_q outside {64, 128} (SIGSEGV, no message); python_exception for d_qk "
@@ -372,7 +398,7 @@ def sparse_heads(p: Plan):
             for name, value, allowed, fix in checks if value not in allowed]
 
 
-@rule("FMLA006", shape_only=True, added=6,
+@rule("FMLA006", facts=_facts(lambda p: _sparse(p) and p.call.d_qk == 576, 'kv_layouts'), shape_only=True, added=6,
       title="V3.2 KV layout (d_qk 576) on SM90 with topk_length or an extra KV cache",
       failure=Failure("process_crash",
                       "host assertion ('V3.2 does not support dynamic topk length' / 'extra KV cache') then SIGSEGV",
@@ -426,7 +452,7 @@ def v32_layout(p: Plan):
     return out
 
 
-@rule("FMLA007", shape_only=True, added=7,
+@rule("FMLA007", facts=lambda p: (('kv_layouts', 'kv_checks') if p.gpu.arch >= 10 else ('kv_layouts',)) if _sparse(p) else (), shape_only=True, added=7,
       title="KV cache layout: row stride or alignment does not match the layout",
       failure=Failure("python_exception", also=("process_crash",), text="python_exception or host assertion"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h (token stride equal to bytes_per_token; SM100 block stride a "
@@ -484,7 +510,7 @@ def combine_parts_page() -> dict:
     return {"max_parts": p.gen["combine"]["max_num_sm_parts"]}
 
 
-@rule("FMLA008", shape_only=True, added=8, page=combine_parts_page,
+@rule("FMLA008", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'combine.max_num_sm_parts'), shape_only=True, added=8, page=combine_parts_page,
       title="more partitions than the combine kernel dispatches",
       failure=Failure("process_exit", "the combine dispatch has no case for num_sm_parts > 160 and calls exit(1)",
                       site="combine.cu:183"),
@@ -528,7 +554,7 @@ def combine_parts(p: Plan):
         fix="use a FlashMLA build whose combine kernel covers this many partitions")]
 
 
-@rule("FMLA009", shape_only=True, added=9,
+@rule("FMLA009", facts=('param_int_bits', 'oaccum'), shape_only=True, added=9,
       title="a tensor stride does not fit in int32",
       failure=Failure("python_exception", "stride check on the host", message="Stride exceeds int32 limit"),
       source="FlashMLA 9241ae3 csrc/api/ (int32 stride parameters), read from source",
@@ -583,7 +609,7 @@ def int32_strides(p: Plan):
     return out
 
 
-@rule("FMLA010", reads="rows", added=10,
+@rule("FMLA010", facts=_facts(lambda p: p.is_decode and p.runs_attention, ''), reads="rows", added=10,
       title="split-KV workspace larger than the GPU's memory",
       severity="warning",
       failure=Failure("python_exception", "CUDA out of memory while allocating lse_accum/o_accum",
@@ -632,7 +658,7 @@ def workspace(p: Plan):
     return None
 
 
-@rule("FMLA011", shape_only=True, added=11,
+@rule("FMLA011", facts=_facts(_dense, 'dense'), shape_only=True, added=11,
       title="dense decode outside its envelope (SM90 only, page block 64)",
       failure=Failure("python_exception"),
       source="FlashMLA 9241ae3 csrc/api/dense_decode.h, read from source")
@@ -672,7 +698,7 @@ def dense_envelope(p: Plan):
     return out
 
 
-@rule("FMLA012", shape_only=True, added=12,
+@rule("FMLA012", facts=_facts(_sparse, 'sparse_requires'), shape_only=True, added=12,
       title="sparse decode needs an fp8 KV cache and causal=False",
       failure=Failure("python_exception"),
       source="FlashMLA 9241ae3 flash_mla_interface.py / csrc/api/sparse_decode.h, read from source")
@@ -710,7 +736,7 @@ def sparse_requirements(p: Plan):
     return out
 
 
-@rule("FMLA013", shape_only=True, added=13,
+@rule("FMLA013", facts=lambda p: ('', 'prefill_archs') if _prefill(p) else ('',), shape_only=True, added=13,
       title="no FlashMLA decode implementation for this GPU and shape",
       failure=Failure("python_exception", "unsupported architecture / shape", message="only supported on SM100f"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h and dense_decode.h (SM90 and SM100 only)",
@@ -765,7 +791,7 @@ def implementation_exists(p: Plan):
         fix=f"use an {sm_list(archs)} GPU and a supported head count")]
 
 
-@rule("FMLA014", reads="rows", added=14,
+@rule("FMLA014", facts=_facts(_prefill, 'failures'), reads="rows", added=14,
       title="sparse prefill (flash_mla_sparse_fwd) with zero query rows",
       failure=Failure("process_crash", also=("python_exception",),
                       message="TMA Desc Addr|Failed to initialize the TMA descriptor",
@@ -820,7 +846,7 @@ def sched_fallback_page() -> dict:
     return {"fast_rows": p.fast_sched_rows}
 
 
-@rule("FMLA015", reads="rows", added=15, page=sched_fallback_page,
+@rule("FMLA015", facts=_facts(lambda p: p.is_decode and p.falls_back, 'sched_smem.fallback', 'sched_smem'), reads="rows", added=15, page=sched_fallback_page,
       title="scheduler falls back to the low-shared-memory kernel (slow, legal)",
       severity="warning",
       source="sgl-flash-mla 1.0.0 legacy kernels and sgl-kernel's vendored copy; measured on H200 with sgl-flash-mla "
@@ -871,7 +897,7 @@ def static_batch_page() -> dict:
     return {"max_b": p.gen["max_batch"]["max_b"]}
 
 
-@rule("FMLA016", reads="rows", added=16, page=static_batch_page,
+@rule("FMLA016", facts=_facts(lambda p: p.is_decode and bool(p.gen['sched_smem'].get('static')), 'max_batch'), reads="rows", added=16, page=static_batch_page,
       title="static scheduler arrays: more requests than the dense fp8 scheduler takes",
       failure=Failure("process_exit",
                       "the dense fp8 scheduler's assertion that the batch fits its static arrays fails "
@@ -924,7 +950,7 @@ def combine_grid_page() -> dict:
             "s_q_128": lim["y"] * per // 128, "s_q_64": lim["y"] * per // 64}
 
 
-@rule("FMLA017", reads="rows", added=25, page=combine_grid_page,
+@rule("FMLA017", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'combine.grid', 'combine_heads_per_block'), reads="rows", added=25, page=combine_grid_page,
       title="combine kernel launch grid exceeds CUDA's grid limits (s_q*h_q/8 on gridDim.y before upstream PR #182)",
       failure=Failure("process_exit",
                       "the combine launch is refused (a grid dimension over its limit: 'invalid configuration "
@@ -1014,7 +1040,7 @@ def combine_grid(p: Plan):
     return out
 
 
-@rule("FMLA018", subject=REUSE_KIND, added=26,
+@rule("FMLA018", facts=(), subject=REUSE_KIND, added=26,
       title="FlashMLASchedMeta reused after the shapes or per-request lengths it was planned for changed",
       failure=Failure("silent_wrong",
                       "a schedule planned for other per-row lengths (topk_length, extra_topk_length, cache_seqlens) "
@@ -1081,7 +1107,7 @@ def sched_meta_reuse(s: ReuseCheck):
         fix="make a new FlashMLASchedMeta whenever the lengths change (the library does not compare them)")]
 
 
-@rule("FMLA019", subject=INDICES_KIND, added=27,
+@rule("FMLA019", facts=(), subject=INDICES_KIND, added=27,
       title="sparse decode index outside the KV cache (only exactly -1 is skipped)",
       failure=Failure("illegal_memory_access",
                       "an index other than -1 outside [0, num_blocks*page_size) is turned into a block and row "
@@ -1136,7 +1162,7 @@ def decode_indices(s: IndicesCheck):
         fix="fill unused index slots with -1 and keep indices below num_blocks * page_size")]
 
 
-@rule("FMLA020", reads="lengths", added=34,
+@rule("FMLA020", facts=_facts(lambda p: _dense_fp8(p) and p.runs_attention, 'empty_row_read'), reads="lengths", added=34,
       title="dense fp8 attention (fwd_kvcache_mla_fp8): a request with cache_seqlens 0 (a CUDA-graph padding row) "
             "reads the block-table entry before its row and the page it names",
       failure=Failure("illegal_memory_access",
