@@ -285,7 +285,9 @@ def test_dense_fp8_padding_row_of_length_zero(kernel):
         assert ("FMLA020" in codes(r)) == bad, pad
     rec = {"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128, "seqlens": [900, 12, 0, 0]}
     f = next(f for f in check(rec, gpu="H200", build=kernel).findings if f.code == "FMLA020")
-    assert f.numbers == {"request": 2, "count": 2} and f.failure.startswith("illegal_memory_access")
+    # without the block table the page it reads is unknown: -1 there is the out-of-bounds read memcheck reports
+    # while the call returns (measured: vllm033_h200_densefp8_padding_memcheck_probes.jsonl)
+    assert f.numbers == {"request": 2, "count": 2} and f.failure.startswith("undefined_behaviour")
     # the metadata op alone takes empty requests (measured: sglfm_h200_densefp8_cases has them and ran)
     meta = {k: v for k, v in rec.items() if k != "entry"}
     assert "FMLA020" not in codes(check(meta, gpu="H200", build=kernel))

@@ -33,6 +33,9 @@ CASE_FILES = {   # file: (build, entry it exercises, least calls)
     "vllm033_h200_densefp8_cases.jsonl": (VLLM, "fwd_kvcache_mla_fp8", 200),
     "vllm033_h200_densefp8_sched_cases.jsonl": (VLLM, "get_mla_decoding_metadata", 60),
     "sglfm_h200_densefp8_sched_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 60),
+    "sglfm_h200_sparse_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
+    "sglfm_h200_dense_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
+    "sglfm_h200_hoisted_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 200),
 }
 # FMLA020 (a length-0 row of the dense fp8 kernel reads the page named by the block-table entry before
 # its own): with valid pages there, as the recording builds them, the read stays in bounds and the call
@@ -247,4 +250,51 @@ def test_the_vllm_measurements_name_device_package_date_fixture_and_build():
         assert prov["device"].startswith("NVIDIA H200") and prov["date"] == "2026-12-01", path
         assert "vllm 0.33.0" in prov["package"], path
         for fx in ([prov["fixture"]] if isinstance(prov["fixture"], str) else prov["fixture"]):
-            assert fx.startswith("fixtures/measured/vllm033_h200_") and (root / fx).is_file(), path
+            assert fx.startswith(("fixtures/measured/vllm033_h200_", "fixtures/measured/h200_gap_probes")), path
+            assert (root / fx).is_file(), path
+
+
+# ----------------------------------------------------------------------------- limits read elsewhere, probed on both builds
+
+def _gap_probes() -> list[dict]:
+    return read("h200_gap_probes.jsonl")[1]
+
+
+@pytest.mark.parametrize("provider", ["sgl", "vllm"])
+def test_every_gap_probe_agrees_with_the_model(provider):
+    build = VLLM if provider == "vllm" else SGLFM
+    rows = [r for r in _gap_probes() if r["provider"] == provider]
+    assert len(rows) == 30
+    for rec in rows:
+        r = inputs(rec)
+        if "is_fp8" in rec:
+            r["is_fp8"] = rec["is_fp8"]
+        verdict, why = judge(model_view(plan(r, "H200", build)), kernel_run(rec))
+        assert verdict == "agree", (rec["tag"], rec.get("b"), rec.get("s_q"), rec.get("h_q"), why)
+
+
+@pytest.mark.parametrize("provider", ["sgl", "vllm"])
+def test_int32_strides_at_the_limit(provider):
+    # q is [b, s_q, h_q, d_qk]: stride(0) = s_q*h_q*d_qk must fit in int32; at h_q 128, d_qk 512 that is s_q < 32768
+    got = {r["s_q"]: r["outcome"] for r in _gap_probes() if r["tag"] == "int32_strides" and r["provider"] == provider}
+    limit = (2 ** 31 - 1) // (128 * 512)
+    assert got == {limit: "ok", limit + 1: "python_exception"}
+
+
+def test_sparse_prefill_heads_differ_between_the_builds():
+    got = {(r["provider"], r["h_q"]): r["outcome"] for r in _gap_probes() if r["tag"] == "prefill_h_q"}
+    assert got[("sgl", 32)] == "python_exception" and got[("vllm", 32)] == "ok"
+    assert {got[(p, h)] for p in ("sgl", "vllm") for h in (64, 128)} == {"ok"}
+    rec = {"kind": "prefill", "s_q": 16, "h_q": 32, "d_qk": 512, "topk": 512}
+    assert check_calls([rec], "H200", SGLFM).codes == ["FMLA023"]
+    assert check_calls([rec], "H200", VLLM).legal
+
+
+def test_sgl_flash_mla_refuses_unsupported_heads_with_a_python_exception():
+    # h_q 32 / 96 and d_qk 448: the wheel raises (recoverable), where 9241ae3 crashed the process on h_q 32 / 96
+    rows = [r for r in _gap_probes() if r["provider"] == "sgl" and r["tag"] in ("sparse_h_q", "sparse_d_qk")]
+    bad = [r for r in rows if r["outcome"] != "ok"]
+    assert {(r.get("h_q"), r.get("d_qk")) for r in bad} == {(32, 512), (96, 512), (64, 448)}
+    assert {r["outcome"] for r in bad} == {"python_exception"}
+    f = check_calls([inputs(bad[0])], "H200", SGLFM).findings[0]
+    assert f.code == "FMLA005" and f.failure.kind == "python_exception"
