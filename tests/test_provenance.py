@@ -144,3 +144,23 @@ def test_strict_provenance_exit_codes():
     assert measured.exit_code == 1                    # illegal, on a measured limit: strict has nothing to say
     human = runner.invoke(app, ["check", "-", "--gpu", "B200", "--build", "flashmla-2026.09.30"], input=rec)
     assert "limit: read from the binary" in human.output and "Provenance: " in human.output
+
+
+def test_an_h200_measurement_does_not_vouch_for_a_blackwell_call():
+    # sgl-flash-mla's legacy scheduler limit was measured on an H200 (SM90); the same build on a B200 runs SM100 code
+    h200 = check(dict(H200_SPARSE, b=100), gpu="H200", build="sgl-flash-mla-1.0.0").provenance["rules"]["FMLA001"]
+    b200 = check(dict(H200_SPARSE, b=100), gpu="B200", build="sgl-flash-mla-1.0.0").provenance["rules"]["FMLA001"]
+    assert h200["status"] == "measured" and b200["status"] == "read"
+    assert "not on SM100" in b200["says"]
+
+
+def test_explain_and_builds_say_what_is_measured_where():
+    runner = CliRunner()
+    page = runner.invoke(app, ["explain", "FMLA001"]).output
+    assert "## Provenance" in page
+    assert "- sgl-flash-mla-1.0.0 on H200: measured" in page and "- flashmla-2026.09.30 on B200: read" in page
+    rows = json.loads(runner.invoke(app, ["builds", "--json"]).output)
+    by = {r["build"]: r["provenance"] for r in rows}
+    assert all(p["B200"]["measured"] == 0 for p in by.values())          # nothing here ran on Blackwell
+    assert by["flashmla-2026.09.30"]["H200"]["measured"] == 0            # an SM100-only build
+    assert by["sgl-flash-mla-1.0.0"]["H200"]["measured"] > by["sgl-flash-mla-1.0.0"]["H200"]["read"]

@@ -46,6 +46,7 @@ from ..output.render import render_report
 from ..output.render_findings import render_findings
 from ..kernel_mode.reproduce import reproduce_slot_findings
 from ..legality.ruleset import all_rules, get_rule
+from ..legality.standing import build_counts, rule_standing, worst
 from .session import check_documents, split_device_header
 from ..inputs.streaming import CallRecords
 
@@ -507,14 +508,17 @@ def builds_cmd(as_json: bool = typer.Option(False, "--json", help="The builds as
     for name in build_names():
         b = build_record(name)
         rows.append({"build": name, "kernels": b["kernels"], "status": b.get("status", ""),
-                     "source": b.get("source", "")})
+                     "source": b.get("source", ""), "provenance": build_counts(name)})
     if output.is_json:
         output.json(rows)
         return
-    t = Table("build", "kernels (by use_legacy / path)", "facts")
+    t = Table("build", "kernels (by use_legacy / path)", "facts", "rule facts measured / read")
     for r in rows:
-        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"])
+        c = r["provenance"]
+        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"],
+                  "\n".join(f"{gpu}: {n['measured']} / {n['read']}" for gpu, n in c.items()))
     output.console.print(t)
+    output.console.print("`validate-batch explain CODE` says which of a rule's facts are measured on which build.")
 
 
 @app.command("rules")
@@ -548,6 +552,13 @@ def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
     output.result(f"{r.code} - {r.title}  (severity: {r.severity})\n")
     output.result(r.doc)
     output.result(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+    standing = rule_standing(r)
+    if standing:
+        output.result("\n## Provenance (per build: the facts this rule rests on)")
+        for build, facts in standing.items():
+            output.result(f"- {build}: {worst(facts)}")
+            for st in facts:
+                output.result(f"    {st.fact}: {st.line}")
 
 
 @app.command("schema")

@@ -158,17 +158,38 @@ def describe(entry: Mapping, build: str | None = None) -> str:
     return "no provenance"
 
 
-def fact_status(value: Any, fact: str, build: str) -> FactStatus:
-    """The standing of one fact (its provenance ``value``) for a call on ``build``."""
+#: the compute-capability major of the devices measurements name (the first name found in ``device``)
+DEVICE_ARCH = {"H100": 9, "H200": 9, "H800": 9, "H20": 9, "B200": 10, "GB200": 10, "B300": 10}
+
+
+def device_arch(device: str | None) -> int | None:
+    """The compute-capability major of a measurement's device (None: not known)."""
+    words = str(device or "").replace("(", " ").split()
+    return next((DEVICE_ARCH[w] for w in words if w in DEVICE_ARCH), None)
+
+
+def _covers(e: Mapping, build: str, arch: int | None) -> bool:
+    builds = e.get("builds") or ()
+    if build not in builds and "*" not in builds:
+        return False
+    return arch is None or device_arch(e.get("device")) in (None, arch)
+
+
+def fact_status(value: Any, fact: str, build: str, arch: int | None = None) -> FactStatus:
+    """The standing of one fact (its provenance ``value``) for a call on ``build`` (on a GPU of
+    compute-capability major ``arch``: a measurement on another architecture does not count)."""
     ents = entries(value)
     for e in ents:
-        if e.get("kind") == "measured" and (build in (e.get("builds") or ()) or "*" in (e.get("builds") or ())):
+        if e.get("kind") == "measured" and _covers(e, build, arch):
             return FactStatus(fact, build, "measured", e, describe(e, build))
     for e in ents:
         if e.get("kind") == "tested":
             return FactStatus(fact, build, "tested", e, describe(e, build))
     e = next((e for e in ents if e.get("kind") == "measured"), None) or (ents[0] if ents else {})
-    return FactStatus(fact, build, "read", e, describe(e, build) if e else "no provenance recorded")
+    line = describe(e, build) if e else "no provenance recorded"
+    if e and e.get("kind") == "measured" and _covers(e, build, None):     # the build, on another architecture
+        line = f"measured on SM{device_arch(e.get('device'))}0 only, not on SM{arch}0 ({describe(e, build)})"
+    return FactStatus(fact, build, "read", e, line)
 
 
 def lookup(record: Mapping, path: str) -> Any:
@@ -228,7 +249,7 @@ def provenance_record(kind: str, name: str) -> Mapping:
 
 
 @lru_cache(maxsize=4096)
-def _cached(kind: str, name: str, build: str, paths: tuple[str, ...]) -> tuple[FactStatus, ...]:
+def record_facts(kind: str, name: str, build: str, paths: tuple[str, ...], arch: int | None = None) -> tuple[FactStatus, ...]:
     out = []
     for path in paths:
         rkind, rname, p = (("flashmla-build", build, path[len("build."):]) if path.startswith("build.")
@@ -237,7 +258,7 @@ def _cached(kind: str, name: str, build: str, paths: tuple[str, ...]) -> tuple[F
         value = lookup(record, p)
         if value is None:                  # nothing of its own: the record's
             value, p = record.get("provenance"), ""
-        out.append(fact_status(value, f"{rkind}:{rname}{'.' + p if p else ''}", build))
+        out.append(fact_status(value, f"{rkind}:{rname}{'.' + p if p else ''}", build, arch))
     return tuple(out)
 
 
@@ -263,7 +284,8 @@ def rule_facts(rule, plan) -> tuple[FactStatus, ...]:
     if not facts:
         return ()
     paths = tuple(p.format(**values) if "{" in p else p for p in facts)
-    return _cached(kind, name, build, paths)
+    gpu = getattr(plan, "gpu", None)
+    return record_facts(kind, name, build, paths, getattr(gpu, "arch", None))
 
 
 def summary(statuses) -> dict:
