@@ -36,6 +36,7 @@ CASE_FILES = {   # file: (build, entry it exercises, least calls)
     "sglfm_h200_sparse_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
     "sglfm_h200_dense_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
     "sglfm_h200_hoisted_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 200),
+    "sglfm_h200_densefp8_attn_cases.jsonl": (SGLFM, "fwd_kvcache_mla_fp8", 200),
 }
 # FMLA020 (a length-0 row of the dense fp8 kernel reads the page named by the block-table entry before
 # its own): with valid pages there, as the recording builds them, the read stays in bounds and the call
@@ -298,3 +299,15 @@ def test_sgl_flash_mla_refuses_unsupported_heads_with_a_python_exception():
     assert {r["outcome"] for r in bad} == {"python_exception"}
     f = check_calls([inputs(bad[0])], "H200", SGLFM).findings[0]
     assert f.code == "FMLA005" and f.failure.kind == "python_exception"
+
+
+def test_served_children_gave_the_outcomes_of_one_child_per_call_on_the_h200():
+    # bench/bench_kernel_mode.py on the GPU host: the same calls through long-lived children and through a
+    # fresh child each (the recorded sparse cases, and the probes with their exits and illegal accesses)
+    data = json.loads((MEASURED / "h200_kernel_served_bench.json").read_text())
+    assert data["device"] == "NVIDIA H200" and len(data["runs"]) == 2
+    for run in data["runs"]:
+        assert run["same_outcomes"] and run["differing"] == [] and run["served"]["status"] == "agree"
+    probes = data["runs"][1]
+    fatal = {"process_exit", "illegal_memory_access", "device_assert", "process_crash"}
+    assert fatal & set(probes["served"]["outcomes"])          # fatal calls were among them

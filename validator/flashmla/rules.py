@@ -1235,7 +1235,9 @@ def empty_dense_row(p: Plan):
     (for request 0, the word before the table), and loads a 64-token tile of K from that page. A
     valid page there is harmless (the result is masked); -1 (what CUDA-graph padding writes) is the
     page before the KV pool: an out-of-bounds read that a plain run does not notice and memcheck
-    reports; a page far outside the pool is an illegal memory access that kills the process.
+    reports; a page far outside the pool is an illegal memory access that kills the process. For
+    request 0 the page is whatever memory precedes the table: measured an illegal memory access
+    with sgl-flash-mla 1.0.0 and nothing with vLLM 0.33's copy, on the same layout.
 
     ## Example
     ``{"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
@@ -1280,7 +1282,6 @@ def empty_dense_row(p: Plan):
     if bad:
         i, page = bad[0]
         far = page >= (pool or 0) and page >= 0
-        kind = "illegal_memory_access" if far else "undefined_behaviour"
         where = f"past the pool of {pool} pages" if far else "before the KV pool"
         out.append(empty_dense_row.rule.finding(
             f"request {i} has cache_seqlens 0 and reads page {page} (request {i - 1}'s last block-table entry): "
@@ -1289,14 +1290,19 @@ def empty_dense_row(p: Plan):
             subject=f"{_subject(p)} request {i}", numbers={"request": i, "page": page, "count": len(bad)},
             fix=f"make request {i - 1}'s last block-table entry a valid page, or pad with cache_seqlens 1 and "
                 f"valid pages",
-            failure=f"{kind}: {'an illegal memory access (measured with a page 2^20 past a 64-page pool)' if far else 'an out-of-bounds read of the page before the KV pool: silent in a plain run, reported by compute-sanitizer memcheck (measured)'}"))
+            failure=("illegal_memory_access: a page past the pool (measured: 2^20 past a 15-page pool crashes both builds)"
+                     if far else "undefined_behaviour: an out-of-bounds read of the page before the KV pool, silent in "
+                     "some runs (compute-sanitizer memcheck reports it) and an illegal_memory_access in others "
+                     "(measured on vLLM 0.33 and sgl-flash-mla 1.0.0)")))
     if empty[0] == 0:
         out.append(empty_dense_row.rule.finding(
-            f"request 0 has cache_seqlens 0: it reads the word before the block table (expected a request of "
-            f">= 1 token first; measured harmless on an H200 with PyTorch's allocator, but not a page the call "
-            f"chooses)", severity="warning",
+            "request 0 has cache_seqlens 0: it reads the word before the block table as a page number, whatever "
+            "memory holds there (expected a request of >= 1 token first, got 0; measured: an illegal memory "
+            "access with sgl-flash-mla 1.0.0, nothing reported with vLLM 0.33's copy in the same layout)",
             subject=f"{_subject(p)} request 0", numbers={"request": 0},
-            fix="put a non-empty request first, or pad with cache_seqlens 1 and a valid page"))
+            fix="put a non-empty request first, or pad with cache_seqlens 1 and valid pages",
+            failure="undefined_behaviour: the page is whatever word precedes the block table (measured: an "
+                    "illegal_memory_access on sgl-flash-mla 1.0.0, silent on vLLM 0.33)"))
     return out or None
 
 
