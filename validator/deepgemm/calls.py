@@ -64,7 +64,8 @@ class MqaMetadataCall:
 
 #: the shared-memory limits a metadata call meets, in the order DeepGEMM meets them: its host assertion
 #: (``host``: the dynamic bytes against ``smem_capacity``), the JIT compile (``static``: a static array
-#: against ``static_smem_limit``), the launch (``launch``: static + dynamic against the GPU's opt-in maximum)
+#: against the layout's ``static_smem_limit``, ptxas's limit for the JIT's target), the launch (``launch``:
+#: static + dynamic against the GPU's opt-in maximum, which the launch's shared-memory attribute needs)
 LIMIT_KINDS = ("host", "static", "launch")
 
 
@@ -171,7 +172,7 @@ class DeepGemmPlan:
         checks = [("host", dyn, self.facts["smem_capacity"])]
         st = self._static_bytes()
         if st is not None:
-            checks.append(("static", st, load("deepgemm")["static_smem_limit"]))
+            checks.append(("static", st, self.layout["static_smem_limit"]))
         checks.append(("launch", self._total_bytes(), self.gpu.smem_optin))
         return tuple(SmemLimit(kind, f(b=b), cap, f.largest("b", cap, hi=MAX_BATCH)) for kind, f, cap in checks)
 
