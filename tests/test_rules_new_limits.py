@@ -486,6 +486,15 @@ def test_every_deepgemm_source_carries_an_honest_provenance():
             assert re.fullmatch(r"deepseek-ai/DeepGEMM@[0-9a-f]{7,40}", prov["commit"]), path
 
 
+def test_the_engines_deepgemm_builds_name_a_modelled_dynamic_layout():
+    data = load("deepgemm")
+    builds = {k: v for k, v in data["installed_builds"].items() if not k.startswith("_")}
+    assert set(builds) == {"vllm-0.33.0", "sgl-deep-gemm-0.2.5"}
+    for name, rec in builds.items():
+        lay = data["versions"][rec["sm90_layout_of"]]["metadata"]["9"]
+        assert lay["array"] == "dynamic" and "static_bytes" not in lay, name
+
+
 def test_sglang_replaces_the_planner_above_its_threshold():
     # sglang 0.5.23 dsv4/metadata.py:66 and :212-218: its JIT planner runs for one row per request and
     # more than 11673 rows
