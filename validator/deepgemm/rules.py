@@ -34,6 +34,7 @@ _LIMIT_FAILURE = {"host": "failure", "static": "static_failure", "launch": "laun
 
 
 @rule("DG001", page=mqa_metadata_page, reads="rows", subject=RULE_KIND, added=33,
+      facts=("metadata.{layout}", "metadata.{layout}.static_smem_limit", "smem_capacity"),
       title="DeepGEMM paged MQA-logits metadata: batch above the scheduler's shared-memory budget",
       failure=Failure("python_exception",
                       "DeepGEMM's host assertion 'Assertion error (.../<impl>.hpp:N): smem_size <= "
