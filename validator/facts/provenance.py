@@ -192,10 +192,15 @@ def fact_status(value: Any, fact: str, build: str, arch: int | None = None) -> F
     return FactStatus(fact, build, "read", e, line)
 
 
+#: :func:`lookup`'s answer for a path whose key the record does not have at all (the fact is not part of it)
+ABSENT = object()
+
+
 def lookup(record: Mapping, path: str) -> Any:
     """The provenance of the fact at dotted ``path`` inside ``record``: the object's own
     ``provenance`` when the path ends at an object that has one, else ``<last>_provenance``
-    beside it; ``""`` is the record's own. None: nothing recorded there."""
+    beside it; ``""`` is the record's own. None: the fact is there without a provenance of its own;
+    :data:`ABSENT`: the record has no such fact."""
     if not path:
         return record.get("provenance")
     *parents, last = path.split(".")
@@ -203,9 +208,11 @@ def lookup(record: Mapping, path: str) -> Any:
     for p in parents:
         obj = obj.get(p) if isinstance(obj, Mapping) else None
         if obj is None:
-            return None
+            return ABSENT
     if not isinstance(obj, Mapping):
-        return None
+        return ABSENT
+    if last not in obj and f"{last}_provenance" not in obj:
+        return ABSENT
     val = obj.get(last)
     if isinstance(val, Mapping) and "provenance" in val:
         return val["provenance"]
@@ -251,14 +258,21 @@ def provenance_record(kind: str, name: str) -> Mapping:
 @lru_cache(maxsize=4096)
 def record_facts(kind: str, name: str, build: str, paths: tuple[str, ...], arch: int | None = None) -> tuple[FactStatus, ...]:
     out = []
+    absent = []
     for path in paths:
         rkind, rname, p = (("flashmla-build", build, path[len("build."):]) if path.startswith("build.")
                            else (kind, name, path))
         record = provenance_record(rkind, rname)
         value = lookup(record, p)
-        if value is None:                  # nothing of its own: the record's
+        if value is ABSENT:               # not a fact of this record: the others stand for the rule
+            absent.append((rkind, rname, record))
+            continue
+        if value is None:                  # there, with nothing of its own: the record's
             value, p = record.get("provenance"), ""
         out.append(fact_status(value, f"{rkind}:{rname}{'.' + p if p else ''}", build, arch))
+    if not out and absent:                 # none of them here: the record's own provenance
+        rkind, rname, record = absent[0]
+        out.append(fact_status(record.get("provenance"), f"{rkind}:{rname}", build, arch))
     return tuple(out)
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import selectors
 import signal
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .outcome import RunResult, classify
+from .protocol import BEGIN_PREFIX, RESULT_PREFIX
 
 DEFAULT_TIMEOUT_S = 120.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the folder that holds the ``validator`` package
@@ -305,7 +308,6 @@ class ServingChild:
     def run(self, job: dict, timeout: float) -> tuple[RunResult, bool]:
         """Run one job; ``(result, whether the child can take another)``. Never raises for anything
         the child does."""
-        from .protocol import BEGIN_PREFIX, RESULT_PREFIX
         started = time.monotonic()
         deadline = started + timeout
         out, err = CappedBuffer(*STDOUT_CAP), CappedBuffer(*STDERR_CAP)
@@ -407,9 +409,6 @@ def run_jobs_served(jobs: Sequence[dict], timeout: float = DEFAULT_TIMEOUT_S, ch
     A child is replaced after any outcome that may poison its CUDA context (:func:`poisons`); jobs
     for which ``alone(i)`` holds (calls the model predicts to be fatal) run in a fresh child of their
     own, as :func:`run_job` runs them. Results in input order, classified as :func:`run_job`'s."""
-    import queue
-    import threading
-
     child = child or ChildSpec()
     results: list[RunResult | None] = [None] * len(jobs)
     idle: "queue.SimpleQueue[ServingChild]" = queue.SimpleQueue()

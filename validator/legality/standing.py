@@ -13,7 +13,7 @@ from functools import lru_cache
 
 from ..errors import InputError
 from ..facts.knowledge import build_names, load
-from ..facts.provenance import STATUSES, FactStatus, fact_status, lookup, provenance_record, record_facts, rule_facts
+from ..facts.provenance import STATUSES, FactStatus, fact_status, provenance_record, record_facts, rule_facts
 from ..flashmla.plan import plan as make_plan
 from .registry import Rule, all_rules
 
@@ -65,7 +65,7 @@ def _engine(profile: str) -> list[tuple[str, FactStatus]]:
     out = []
     for v in prof.get("versions", ()):
         name = f"{profile}@{v['name']}"
-        out.append((name, fact_status(lookup(provenance_record("engine", name), ""), f"engine:{name}", name)))
+        out.append((name, fact_status(provenance_record("engine", name).get("provenance"), f"engine:{name}", name)))
     return out
 
 
