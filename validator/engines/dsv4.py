@@ -221,7 +221,7 @@ def kv_layout(batch: Batch, version: dict) -> tuple[str | None, bool | None]:
 def _precompute_runs(batch: Batch, version: dict, h_q: int) -> str | None:
     """The release whose schedule precompute (a JIT kernel of SGLang's) runs for this configuration
     (None: none runs). A version entry that spans releases whose precompute differs, named without
-    a release number, is refused for the configurations the precompute would run for."""
+    a release number, is an :class:`InputError` for the configurations the precompute would run for."""
     data = load("engines")["profiles"][NAME].get("sched_precompute")
     if (data is None or batch.model.get("model_type") not in data["models"]
             or batch.gpu.cc[0] not in data["cc_majors"] or h_q != data["h_q"]):
@@ -230,10 +230,9 @@ def _precompute_runs(batch: Batch, version: dict, h_q: int) -> str | None:
     if kind == "ambiguous":
         rels = [r["min_release"] for r in data["releases"]]
         span = "..".join(x or "" for x in (version.get("min_release"), version.get("max_release")))
-        raise NotModelled("engine", "SGLang's own schedule precompute, which differs per release",
-                          f"sglang-dsv4@{version['name']} stands for releases {span}, whose schedule precompute "
-                          f"differs (none before {rels[0]}; from {', '.join(rels)} each release its own): name the "
-                          f"release, e.g. sglang-dsv4@{rels[-2] if len(rels) > 1 else rels[0]}")
+        raise InputError("engine", f"sglang-dsv4@{version['name']} stands for releases {span}, whose schedule "
+                                   f"precompute differs (none before {rels[0]}; from {rels[0]} each release its own: "
+                                   f"{', '.join(rels)}): name the release, e.g. sglang-dsv4@{rels[-2] if len(rels) > 1 else rels[0]}")
     return None if pre is None else pre["release"]
 
 
