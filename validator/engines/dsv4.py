@@ -21,7 +21,7 @@ from ..facts.knowledge import load
 from ..facts.modes import Mode
 from ..legality.ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
-from .rules import precompute_for, precompute_formula, precompute_releases
+from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 
 NAME = "sglang-dsv4"
 
@@ -261,10 +261,9 @@ def unmodelled_path(batch: Batch, version: dict) -> NotModelled | None:
 
 def _auto_backend(batch: Batch, version: dict, ab: dict) -> str:
     """What ``auto`` resolves to for this configuration: the release's rule when it has one."""
-    from . import _vtuple
     auto = ab["auto"]
     rel = version.get("matched_release") or version.get("min_release")
-    if rel is None or _vtuple(rel) < _vtuple(auto["min_release"]):
+    if rel is None or release_tuple(rel) < release_tuple(auto["min_release"]):
         return ab["modelled"][0]
     cache = batch.arg("kv_cache_dtype")
     layout = batch.arg("SGLANG_DSV4_KV_LAYOUT")

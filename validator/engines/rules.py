@@ -191,9 +191,13 @@ def precompute_releases() -> list[dict]:
     return [{**shared, **r, "release": r["min_release"]} for r in data["releases"]]
 
 
+def release_tuple(v: str) -> tuple[int, ...]:
+    """A release number as a tuple for ordering (``"0.5.22"`` -> ``(0, 5, 22)``)."""
+    return tuple(int(p) for p in v.lstrip("v").split("."))
+
+
 def _rel(v: str | None):
-    from . import _vtuple
-    return None if v is None else _vtuple(v)
+    return None if v is None else release_tuple(v)
 
 
 def precompute_for(version: dict) -> tuple[str, dict | None]:
