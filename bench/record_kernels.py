@@ -90,6 +90,18 @@ def scheduler_fp8_call(rng: random.Random) -> dict:
             "seqlens": _lengths(rng, b, 4096), "entry": "get_mla_decoding_metadata"}
 
 
+def hoisted_call(rng: random.Random, wide: bool) -> dict:
+    """The hoisted metadata op alone: a sparse call's (cache_seqlens = topk) or a dense one's."""
+    if rng.random() < 0.5:
+        rec = sparse_call(rng, wide)
+        for key in ("topk_length", "extra_topk", "extra_page", "extra_topk_length"):
+            rec.pop(key, None)
+    else:
+        rec = dense_call(rng, wide)
+    rec["entry"] = "get_mla_decoding_metadata"
+    return rec
+
+
 def random_calls(n: int, seed: int, make) -> list[dict]:
     rng = random.Random(seed)
     return [dict(make(rng, i % 2 == 1), i=i) for i in range(n)]
@@ -134,13 +146,46 @@ def probes() -> list[tuple[str, dict, str]]:
     return out
 
 
+def gap_probes() -> list[tuple[str, dict, str]]:
+    """Limits read from source or measured on another build only: probed on both H200 builds."""
+    out = []
+    for pv in ("sgl", "vllm"):
+        for h_q in (32, 64, 96, 128):
+            out.append(("sparse_h_q", {"kind": "sparse", "b": 2, "s_q": 1, "h_q": h_q, "d_qk": 512, "topk": 128}, pv))
+        for d_qk in (448, 512, 576):
+            out.append(("sparse_d_qk", {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": d_qk, "topk": 128}, pv))
+        for d_qk, bpt in ((512, 584), (512, 528), (576, 656)):
+            out.append(("sparse_kv_layout", {"kind": "sparse", "b": 4, "s_q": 1, "h_q": 64, "d_qk": d_qk, "topk": 128,
+                                             "bytes_per_token": bpt}, pv))
+        base = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
+        out.append(("sparse_requires is_fp8=false", dict(base, is_fp8=False), pv))
+        out.append(("sparse_requires causal=true", dict(base, causal=True), pv))
+        out.append(("sparse_requires ok", dict(base), pv))
+        for topk in (64, 96, 128):
+            out.append(("sparse_topk_block", dict(base, topk=topk), pv))
+        # the 32-bit o_accum offset at h_q 128, s_q 8: the model's first wrapping b is 4676 (topk 1024), 4675 (2048)
+        for topk, first in ((1024, 4676), (2048, 4675)):
+            for b in (first - 1, first, first + 1):
+                out.append(("oaccum_offset", {"kind": "sparse", "b": b, "s_q": 8, "h_q": 128, "d_qk": 512,
+                                              "topk": topk}, pv))
+        # 32-bit strides: q of s_q*h_q*d_qk elements per request
+        for s_q in (32767, 32768):
+            out.append(("int32_strides", {"kind": "sparse", "b": 1, "s_q": s_q, "h_q": 128, "d_qk": 512, "topk": 64}, pv))
+        # sparse prefill: no rows, one, two; heads
+        for s_q in (0, 1, 2):
+            out.append(("prefill_rows", {"kind": "prefill", "s_q": s_q, "h_q": 64, "d_qk": 512, "topk": 512}, pv))
+        for h_q in (32, 64, 128):
+            out.append(("prefill_h_q", {"kind": "prefill", "s_q": 16, "h_q": h_q, "d_qk": 512, "topk": 512}, pv))
+    return out
+
+
 # ----------------------------------------------------------------------------- running
 
 def job(rec: dict, prov: Provider) -> dict:
     r = {k: v for k, v in rec.items() if k not in ("i", "tag")}
     if prov is SGL:
         r["use_legacy"] = True
-    j = {"op": "decode", "provider": prov.to_job(), "record": r}
+    j = {"op": "prefill" if r.get("kind") == "prefill" else "decode", "provider": prov.to_job(), "record": r}
     if prov is SGL:
         j["use_legacy"] = True
     return j
@@ -195,6 +240,13 @@ def run_set(recs: list[dict], prov: Provider, build: str, child: ChildSpec, tmp:
                           "tile_scheduler_metadata": d.get("tile_scheduler_metadata"),
                           "num_splits": d.get("num_splits"), "run": "chunk"}
         rest = chunk[len(ok):]
+        failed = done[len(ok)] if len(done) > len(ok) else None
+        if rest and failed is not None and failed.get("status") == "unsupported":
+            # the provider cannot run this entry at all: every record left says so, none is retried
+            for k in rest + todo + alone:
+                results[k] = {"outcome": "unsupported", "oracle_outcome": "unsupported", "exit_code": 0,
+                              "message": failed.get("message"), "run": "chunk"}
+            return [dict(recs[k], **results[k]) for k in range(len(recs))]
         if rest:
             alone.append(rest[0])
             todo = rest[1:] + todo
@@ -234,6 +286,7 @@ def main(argv=None) -> None:
     ap.add_argument("--calls", type=int, default=220)
     ap.add_argument("--backend", default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
+    ap.add_argument("--memcheck", action="store_true", help="padding: also run each under compute-sanitizer memcheck")
     ap.add_argument("--only", default="", help="comma list of sets: sparse,dense,dense_fp8,sched_fp8,probes")
     args = ap.parse_args(argv)
     out = Path(args.out)
@@ -259,6 +312,15 @@ def main(argv=None) -> None:
     if args.sgl:
         sets["sgl_sched_fp8"] = ("sglfm_h200_densefp8_sched_cases.jsonl",
                                  lambda: random_calls(60, args.seed + 3, lambda r, w: scheduler_fp8_call(r)), SGL)
+        sets["sgl_sparse"] = ("sglfm_h200_sparse_cases.jsonl",
+                              lambda: random_calls(args.calls, args.seed + 10, sparse_call), SGL)
+        sets["sgl_dense"] = ("sglfm_h200_dense_cases.jsonl",
+                             lambda: random_calls(args.calls, args.seed + 11, dense_call), SGL)
+        sets["sgl_dense_fp8"] = ("sglfm_h200_densefp8_attn_cases.jsonl",
+                                 lambda: random_calls(args.calls, args.seed + 12,
+                                                      lambda r, w: dense_call(r, w, "dense_fp8")), SGL)
+        sets["sgl_hoisted"] = ("sglfm_h200_hoisted_cases.jsonl",
+                               lambda: random_calls(args.calls, args.seed + 13, hoisted_call), SGL)
     threads = []
 
     def one(name, fname, make, prov):
@@ -274,7 +336,7 @@ def main(argv=None) -> None:
         th = threading.Thread(target=one, args=(name, fname, make, prov))
         th.start()
         threads.append(th)
-    if only and only <= {"padding"}:
+    if only and only <= {"padding", "gaps"}:
         pass
     elif not only or "probes" in only:
         t0 = time.time()
@@ -286,33 +348,105 @@ def main(argv=None) -> None:
             compact_probe(row)
         write(out / "vllm033_h200_probes.jsonl", dict(header, entry="probes"), rows)
         print(f"probes: {len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
+    if "gaps" in only:
+        t0 = time.time()
+        plist = gap_probes()
+        res = run_jobs([job(r, VLLM if pv == "vllm" else SGL) for _, r, pv in plist], args.timeout, child,
+                       max_parallel=6)
+        rows = [dict(r, tag=tag, provider=pv, **result_fields(x)) for (tag, r, pv), x in zip(plist, res)]
+        for row in rows:
+            compact_probe(row)
+        write(out / "h200_gap_probes.jsonl", dict(header, entry="probes of facts read or measured elsewhere"), rows)
+        print(f"gap probes: {len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
     if "padding" in only:
-        run_padding(out, header, child)
+        run_padding(out, header, child, ("vllm", "sgl") if args.sgl else ("vllm",), memcheck=args.memcheck)
     for th in threads:
         th.join()
 
 
+#: dense fp8 attention with length-0 rows (tag, seqlens, pad_block, pad_rows). A length-0 row's first
+#: block is ceil(0/64) - 1 = -1: it reads the block-table word before its own row (the previous
+#: row's last entry; before the table for row 0). pad_block is written into the rows of pad_rows
+#: (default: the length-0 rows); None keeps the valid pages.
 PADDING = (
-    ("two padding rows after two requests", [900, 12, 0, 0]),
-    ("padding row first", [0, 900]),
-    ("half of 64 rows padding", [300] * 32 + [0] * 32),
-    ("padding with length 1 (the fix)", [900, 12, 1, 1]),
+    ("two padding rows after two requests", [900, 12, 0, 0], -1, None),
+    ("two padding rows after two requests, valid pages", [900, 12, 0, 0], None, None),
+    ("padding row first", [0, 900], -1, None),
+    ("padding row first, valid pages", [0, 900], None, None),
+    ("half of 64 rows padding", [300] * 32 + [0] * 32, -1, None),
+    ("half of 64 rows padding, valid pages", [300] * 32 + [0] * 32, None, None),
+    ("padding with length 1", [900, 12, 1, 1], -1, [2, 3]),
+    ("padding with length 1, valid pages", [900, 12, 1, 1], None, None),
+    ("one padding row after a request", [900, 0], -1, None),
+    ("length-0 row whose neighbour row is -1", [900, 12, 0, 0], -1, [2]),
+    ("length-0 row after a valid length-0 row", [900, 12, 0, 0], -1, [3]),
+    ("two padding rows first", [0, 0, 900], -1, None),
+    ("padding rows with an out-of-range page", [900, 12, 0, 0], 1 << 20, None),
 )
 
 
-def run_padding(out: Path, header: dict, child: ChildSpec) -> None:
-    """vLLM's dense fp8 attention with length-0 rows: block-table rows -1 (CUDA-graph padding) or valid."""
-    plist = []
-    for tag, lens in PADDING:
-        for pad in (-1, None):
-            rec = {"kind": "dense_fp8", "b": len(lens), "s_q": 1, "h_q": 128, "seqlens": lens,
-                   "entry": "fwd_kvcache_mla_fp8", "causal": True}
-            plist.append((tag, rec, pad))
-    spec = ChildSpec(child.python, str(BATCH_BACKEND), child.env)
-    res = run_jobs([{"op": "padded_fp8", "record": r, "pad_block": pad} for _, r, pad in plist], 120, spec,
-                   max_parallel=4)
-    rows = [dict(r, tag=tag, provider="vllm", pad_block=pad, **result_fields(x)) for (tag, r, pad), x in zip(plist, res)]
-    write(out / "vllm033_h200_densefp8_padding_probes.jsonl", dict(header, entry="padding probes"), rows)
+def padding_jobs(provider: str) -> list[tuple[str, dict, dict]]:
+    out = []
+    for tag, lens, pad, rows in PADDING:
+        rec = {"kind": "dense_fp8", "b": len(lens), "s_q": 1, "h_q": 128, "seqlens": lens,
+               "entry": "fwd_kvcache_mla_fp8", "causal": True}
+        if provider == "vllm":
+            j = {"op": "padded_fp8", "record": rec, "pad_block": pad, "pad_rows": rows}
+        else:
+            j = dict(job(rec, SGL), pad_block=pad, pad_rows=rows)
+        out.append((tag, rec, j))
+    return out
+
+
+def run_padding(out: Path, header: dict, child: ChildSpec, providers=("vllm",), memcheck: bool = False) -> None:
+    """Dense fp8 attention with length-0 rows, per provider: plain (one child each), and with
+    ``memcheck`` each again under compute-sanitizer's memcheck (error count and first error)."""
+    for pv in providers:
+        plist = padding_jobs(pv)
+        spec = ChildSpec(child.python, str(BATCH_BACKEND) if pv == "vllm" else child.backend, child.env)
+        res = run_jobs([j for _, _, j in plist], 120, spec, max_parallel=4)
+        rows = [dict(r, tag=tag, provider=pv, pad_block=j.get("pad_block"), pad_rows=j.get("pad_rows"),
+                     **result_fields(x)) for (tag, r, j), x in zip(plist, res)]
+        if memcheck:
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(6) as pool:
+                checks = list(pool.map(lambda j: memcheck_one(j, spec), [j for _, _, j in plist]))
+            for row, mc in zip(rows, checks):
+                row["memcheck"] = mc
+        name = "vllm033" if pv == "vllm" else "sglfm"
+        write(out / f"{name}_h200_densefp8_padding_probes.jsonl",
+              dict(header, entry="padding probes", provider=pv, memcheck=memcheck_tool() if memcheck else None), rows)
+
+
+def memcheck_tool() -> str:
+    import subprocess
+    try:
+        v = subprocess.run(["compute-sanitizer", "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return "compute-sanitizer: unavailable"
+    ver = next((ln.split()[-1] for ln in v.splitlines() if "Version" in ln), "?")
+    return f"compute-sanitizer {ver} --tool memcheck, PYTORCH_NO_CUDA_MEMORY_CACHING=1"
+
+
+def memcheck_one(j: dict, spec: ChildSpec) -> dict:
+    """One job under memcheck: its error count, the first error in the project's words, the kernel kind."""
+    import re
+    import subprocess
+    env = spec.environment()
+    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    cmd = ["compute-sanitizer", "--tool", "memcheck", "--print-limit", "20"] + spec.command()
+    try:
+        p = subprocess.run(cmd, input=json.dumps(j), capture_output=True, text=True, timeout=300, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"ran": False, "why": str(e)[:200]}
+    text = p.stdout + p.stderr
+    m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+    first = re.search(r"Invalid \S+ (read|write) of size (\d+) bytes", text)
+    kern = re.search(r"at (?:0x[0-9a-f]+ in )?(\w*(?:fp8|mla|splitkv|combine)\w*)", text, re.I)
+    return {"ran": True, "exit_code": p.returncode, "errors": int(m.group(1)) if m else None,
+            "first_error": (f"an invalid {first.group(1)} of {first.group(2)} bytes from global memory"
+                            if first else None),
+            "kernel_symbol_seen": bool(kern)}
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def test_server_args_object_drops_unset_and_unknown_flags():
         def __init__(self):
             self.chunked_prefill_size = 8192
             self.max_running_requests = None       # unset
-            self.attention_backend = "dsv4"        # read by no profile
+            self.log_level = "info"                # read by no profile
             self.enable_mixed_chunk = True
     c = Checker(engine=PRE, server_args=ServerArgs())
     assert c.describe()["server_args"] == {"chunked_prefill_size": 8192, "enable_mixed_chunk": True}

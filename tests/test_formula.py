@@ -196,9 +196,9 @@ def test_the_real_builds_limits(text, limit, at_limit, above):
 
 def test_sglang_precompute_window_on_b200():
     """4*(5b+1+8P) with P = 148 SMs // s_q 1: the guard admits b <= (49152 - 4 - 32*148) // 20 = 2220;
-    with 64 static bytes (49152 - 64 - 4 - 32*148) // 20 = 2217 fit."""
+    with the kernel's 48 static bytes (49152 - 48 - 4 - 32*148) // 20 = 2218 fit."""
     f = parse("4*(5b+1+8P)", "t")
     assert f.largest("b", 49152, P=148) == 2220 == (49152 - 4 - 32 * 148) // 20
-    assert f.largest("b", 49152 - 64, P=148) == 2217 == (49152 - 64 - 4 - 32 * 148) // 20
+    assert f.largest("b", 49152 - 48, P=148) == 2218 == (49152 - 48 - 4 - 32 * 148) // 20
     assert f(b=2220, P=148) <= 49152 < f(b=2221, P=148)
-    assert f(b=2217, P=148) + 64 <= 49152 < f(b=2218, P=148) + 64
+    assert f(b=2218, P=148) + 48 <= 49152 < f(b=2219, P=148) + 48

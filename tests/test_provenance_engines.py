@@ -36,18 +36,23 @@ def test_every_source_has_an_honest_label(name):
     data = json.loads((ROOT / name).read_text())
     found = list(labelled(data))
     assert found
-    for where, prov in found:
-        assert isinstance(prov, dict), f"{name}{where}: no provenance"
-        kind = prov.get("kind")
-        assert kind in NEEDS, f"{name}{where}: kind {kind!r}"
-        assert NEEDS[kind] <= set(prov), f"{name}{where}: {kind} needs {NEEDS[kind] - set(prov)}"
-        if kind == "read":
-            assert prov["from"] in ("source", "binary", "docs") and ("package" in prov or "commit" in prov), where
-        if kind == "tested":
-            for t in _as_list(prov["test"]):
-                file, _, fn = t.partition("::")
-                src = (ROOT / file).read_text()
-                assert re.search(rf"^def {re.escape(fn)}\(", src, re.M), f"{name}{where}: no test {t}"
-        if kind == "measured":
-            for f in _as_list(prov["fixture"]):
-                assert (ROOT / f).exists(), f"{name}{where}: no fixture {f}"
+    for where, value in found:
+        assert isinstance(value, (dict, list)) and value, f"{name}{where}: no provenance"
+        for prov in _as_list(value):
+            check_entry(name, where, prov)
+
+
+def check_entry(name, where, prov):
+    kind = prov.get("kind")
+    assert kind in NEEDS, f"{name}{where}: kind {kind!r}"
+    assert NEEDS[kind] <= set(prov), f"{name}{where}: {kind} needs {NEEDS[kind] - set(prov)}"
+    if kind == "read":
+        assert prov["from"] in ("source", "binary", "docs") and ("package" in prov or "commit" in prov), where
+    if kind == "tested":
+        for t in _as_list(prov["test"]):
+            file, _, fn = t.partition("::")
+            src = (ROOT / file).read_text()
+            assert re.search(rf"^def {re.escape(fn)}\(", src, re.M), f"{name}{where}: no test {t}"
+    if kind == "measured":
+        for f in _as_list(prov["fixture"]):
+            assert (ROOT / f).exists(), f"{name}{where}: no fixture {f}"

@@ -22,7 +22,9 @@ def test_deferred_context_is_built_once_on_first_read():
     assert r.context == {"kind": "batch", "query_rows": 3}
     assert r.context["query_rows"] == 3
     assert calls == [1]
-    assert r.to_dict() == {"legal": True, "findings": [{"code": "X001", "severity": "warning", "message": "m"}],
+    d = r.to_dict()
+    assert d.pop("provenance")["status"] == "none"          # no plan: no fact behind it
+    assert d == {"legal": True, "findings": [{"code": "X001", "severity": "warning", "message": "m"}],
                            "kind": "batch", "query_rows": 3}
     r.context = {"kind": "other"}
     assert r.context == {"kind": "other"} and calls == [1]

@@ -114,11 +114,12 @@ def test_to_dict_writes_the_typed_parts_in_order():
                        {"steps": []})
     r = Report([f], context=ctx, safe_split={"possible": False}, kernel={"available": False})
     assert list(r.to_dict()) == ["legal", "findings", "kind", "batch", "kernel_build", "forward_mode", "versions",
-                                 "query_rows", "notes", "engine_steps", "safe_split", "kernel"]
+                                 "query_rows", "notes", "engine_steps", "provenance", "safe_split", "kernel"]
     assert r.context["notes"] == ["read as decode"] and r.context["forward_mode"] == "decode"
     d = r.document("validate-batch/report/1", {"X001": 1})
     assert list(d)[0] == "schema" and d["statistics"] == {"X001": 1} and d["legal"] is False
     calls = Report([], context=CallsContext(None, [])).to_dict()
+    assert calls.pop("provenance")["status"] == "none"          # no call: no fact behind the verdict
     assert calls == {"legal": True, "findings": [], "kind": "calls", "gpu": None, "calls": []}
 
 

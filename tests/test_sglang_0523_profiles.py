@@ -1,6 +1,6 @@
 """SGLang 0.5.23 engine profiles: DeepSeek-V4 routing under SGLANG_OPT_FLASHMLA_SPARSE_PREFILL,
-late-layer tails, the KV layout's kernel half, the engine's own schedule precompute (SGL003), and the
-request slots after the tail fix with ``attn_dp_size``.
+late-layer tails, the KV layout's kernel half, and the request slots after the tail fix with
+``attn_dp_size`` (the engine's own schedule precompute, SGL003: test_sglang_precompute_releases.py).
 
 Ground truth is arithmetic written here from the facts (shared/reference/flashmla-builds.md and the
 0.5.23 source, cited in rules/engines.json):
@@ -8,8 +8,6 @@ Ground truth is arithmetic written here from the facts (shared/reference/flashml
 - SGLang's routing threshold 11673; with the switch on (its default) every non-speculative extend
   forward goes to flash_mla_sparse_fwd whatever its rows; 0 rows is still a sparse-prefill failure.
 - A late-layer tail is each request's last min(128, extend) tokens, on the decode kernel.
-- The schedule precompute (Blackwell, h_q 64, DeepSeek-V4.1) needs 4*(5b+1+8P) dynamic bytes
-  (P = SMs, s_q = 1) plus 64 static bytes; its guard only compares the dynamic part with 49152.
 """
 from __future__ import annotations
 
@@ -193,54 +191,7 @@ def test_a_v41_layout_cannot_run_on_an_h200(layout):
 
 
 # ------------------------------------------------------------------------------ schedule precompute
-def _guard_admits(b, parts=B200_SMS):
-    return 4 * (5 * b + 1 + 8 * parts) <= 49152
-
-
-def _fits(b, parts=B200_SMS):
-    return 4 * (5 * b + 1 + 8 * parts) + 64 <= 49152
-
-
-def _window(parts=B200_SMS):
-    first = next(b for b in range(1, 10000) if not _fits(b, parts))
-    last = max(b for b in range(1, 10000) if _guard_admits(b, parts))
-    return first, last
-
-
-def test_the_window_arithmetic():
-    first, last = _window()
-    assert (first, last) == (2218, 2220)          # 3 values of b pass the guard and do not fit
-
-
-@pytest.mark.parametrize("edge", ["first", "last"])
-def test_schedule_precompute_window_at_its_edges(edge):
-    first, last = _window()
-    if edge == "first":
-        cases = [(first - 1, True), (first, False), (first + 1, False)]
-    else:
-        cases = [(last - 1, False), (last, False), (last + 1, True)]
-    for b, legal in cases:
-        r = check(decode_doc(b))
-        assert r.legal is legal, (b, r.codes)
-        assert legal or "SGL003" in errors(r)
-
-
-def test_schedule_precompute_needs_blackwell_64_heads_and_v41():
-    first, _ = _window()
-    assert "SGL003" in errors(check(decode_doc(first, gpu="GB200")))
-    assert check(decode_doc(first, gpu="H200")).legal
-    assert check(decode_doc(first, model_type="deepseek_v4")).legal
-    assert check(decode_doc(first, version="0.5.22")).legal
-    doc = decode_doc(first)
-    doc["model"]["h_q"] = 128
-    assert "SGL003" not in errors(check(doc))
-
-
-def test_the_guard_decides_the_window_too():
-    first, last = _window()
-    g = validate_batch.Checker(engine="sglang-dsv4@0.5.23", gpu="B200", model={"model_type": "deepseek_v41"})
-    for b, legal in [(first - 1, True), (first, False), (last, False), (last + 1, True)]:
-        assert bool(g.verdict("decode", seq_lens=[300] * b)) is legal, b
+# SGL003 per release (0.5.21 / 0.5.22 / 0.5.23 differ): tests/test_sglang_precompute_releases.py
 
 
 # ------------------------------------------------------------------------------ slots

@@ -33,6 +33,10 @@ CASE_FILES = {   # file: (build, entry it exercises, least calls)
     "vllm033_h200_densefp8_cases.jsonl": (VLLM, "fwd_kvcache_mla_fp8", 200),
     "vllm033_h200_densefp8_sched_cases.jsonl": (VLLM, "get_mla_decoding_metadata", 60),
     "sglfm_h200_densefp8_sched_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 60),
+    "sglfm_h200_sparse_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
+    "sglfm_h200_dense_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
+    "sglfm_h200_hoisted_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 200),
+    "sglfm_h200_densefp8_attn_cases.jsonl": (SGLFM, "fwd_kvcache_mla_fp8", 200),
 }
 # FMLA020 (a length-0 row of the dense fp8 kernel reads the page named by the block-table entry before
 # its own): with valid pages there, as the recording builds them, the read stays in bounds and the call
@@ -224,22 +228,86 @@ def test_padding_rows_read_out_of_bounds_only_through_minus_one_entries():
 
 def _provenances(node, path=()):
     if isinstance(node, dict):
-        if "provenance" in node:
-            yield path, node["provenance"]
         for k, v in node.items():
+            if k == "provenance" or k.endswith("_provenance"):
+                for e in (v if isinstance(v, list) else [v]):
+                    yield path + (k,), e
             yield from _provenances(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _provenances(v, path + (i,))
 
 
-def test_measured_facts_name_device_package_date_and_fixture():
+def test_the_vllm_measurements_name_device_package_date_fixture_and_build():
+    """Every measured entry naming vLLM 0.33 is this H200 run (2026-12-01) with a fixture of it."""
     data = load("flashmla")
-    found = list(_provenances({"generations": data["generations"], "builds": data["builds"]}))
+    found = [(p, e) for p, e in _provenances({"generations": data["generations"], "builds": data["builds"]})
+             if e["kind"] == "measured" and "vllm-0.33" in e["builds"]]
     paths = {p[:2] for p, _ in found}
     assert ("generations", "vllm-0.33-sparse-sm90") in paths and ("builds", "vllm-0.33") in paths
-    assert ("builds", SGLFM) in paths and ("generations", "vllm-0.33-legacy") in paths
+    assert ("generations", "vllm-0.33-legacy") in paths and ("generations", "dense-fp8") in paths
     root = MEASURED.parents[1]
     for path, prov in found:
-        assert prov["kind"] in ("measured", "read"), path
-        if prov["kind"] == "measured":
-            assert prov["device"].startswith("NVIDIA H200") and prov["date"] == "2026-12-01", path
-            assert ("0.33.0" in prov["package"]) or ("1.0.0" in prov["package"]), path
-            assert (root / prov["fixture"]).is_file(), path
+        assert prov["device"].startswith("NVIDIA H200") and prov["date"] == "2026-12-01", path
+        assert "vllm 0.33.0" in prov["package"], path
+        for fx in ([prov["fixture"]] if isinstance(prov["fixture"], str) else prov["fixture"]):
+            assert fx.startswith(("fixtures/measured/vllm033_h200_", "fixtures/measured/h200_gap_probes")), path
+            assert (root / fx).is_file(), path
+
+
+# ----------------------------------------------------------------------------- limits read elsewhere, probed on both builds
+
+def _gap_probes() -> list[dict]:
+    return read("h200_gap_probes.jsonl")[1]
+
+
+@pytest.mark.parametrize("provider", ["sgl", "vllm"])
+def test_every_gap_probe_agrees_with_the_model(provider):
+    build = VLLM if provider == "vllm" else SGLFM
+    rows = [r for r in _gap_probes() if r["provider"] == provider]
+    assert len(rows) == 30
+    for rec in rows:
+        r = inputs(rec)
+        if "is_fp8" in rec:
+            r["is_fp8"] = rec["is_fp8"]
+        verdict, why = judge(model_view(plan(r, "H200", build)), kernel_run(rec))
+        assert verdict == "agree", (rec["tag"], rec.get("b"), rec.get("s_q"), rec.get("h_q"), why)
+
+
+@pytest.mark.parametrize("provider", ["sgl", "vllm"])
+def test_int32_strides_at_the_limit(provider):
+    # q is [b, s_q, h_q, d_qk]: stride(0) = s_q*h_q*d_qk must fit in int32; at h_q 128, d_qk 512 that is s_q < 32768
+    got = {r["s_q"]: r["outcome"] for r in _gap_probes() if r["tag"] == "int32_strides" and r["provider"] == provider}
+    limit = (2 ** 31 - 1) // (128 * 512)
+    assert got == {limit: "ok", limit + 1: "python_exception"}
+
+
+def test_sparse_prefill_heads_differ_between_the_builds():
+    got = {(r["provider"], r["h_q"]): r["outcome"] for r in _gap_probes() if r["tag"] == "prefill_h_q"}
+    assert got[("sgl", 32)] == "python_exception" and got[("vllm", 32)] == "ok"
+    assert {got[(p, h)] for p in ("sgl", "vllm") for h in (64, 128)} == {"ok"}
+    rec = {"kind": "prefill", "s_q": 16, "h_q": 32, "d_qk": 512, "topk": 512}
+    assert check_calls([rec], "H200", SGLFM).codes == ["FMLA023"]
+    assert check_calls([rec], "H200", VLLM).legal
+
+
+def test_sgl_flash_mla_refuses_unsupported_heads_with_a_python_exception():
+    # h_q 32 / 96 and d_qk 448: the wheel raises (recoverable), where 9241ae3 crashed the process on h_q 32 / 96
+    rows = [r for r in _gap_probes() if r["provider"] == "sgl" and r["tag"] in ("sparse_h_q", "sparse_d_qk")]
+    bad = [r for r in rows if r["outcome"] != "ok"]
+    assert {(r.get("h_q"), r.get("d_qk")) for r in bad} == {(32, 512), (96, 512), (64, 448)}
+    assert {r["outcome"] for r in bad} == {"python_exception"}
+    f = check_calls([inputs(bad[0])], "H200", SGLFM).findings[0]
+    assert f.code == "FMLA005" and f.failure.kind == "python_exception"
+
+
+def test_served_children_gave_the_outcomes_of_one_child_per_call_on_the_h200():
+    # bench/bench_kernel_mode.py on the GPU host: the same calls through long-lived children and through a
+    # fresh child each (the recorded sparse cases, and the probes with their exits and illegal accesses)
+    data = json.loads((MEASURED / "h200_kernel_served_bench.json").read_text())
+    assert data["device"] == "NVIDIA H200" and len(data["runs"]) == 2
+    for run in data["runs"]:
+        assert run["same_outcomes"] and run["differing"] == [] and run["served"]["status"] == "agree"
+    probes = data["runs"][1]
+    fatal = {"process_exit", "illegal_memory_access", "device_assert", "process_crash"}
+    assert fatal & set(probes["served"]["outcomes"])          # fatal calls were among them

@@ -9,7 +9,7 @@ Importable without torch. Main entry points::
     guard = validate_batch.Checker(engine="sglang-dsv4@0.5.10", gpu="H200")   # once per engine configuration
     guard.verdict(schedule_batch)            # every step: LEGAL, or a verdict with the report and split
 """
-from .errors import BatchIllegalError, InputError
+from .errors import BatchIllegalError, InputError, NotModelled
 from .output.explain import explain  # eager: the name is also a submodule's, which must not shadow it
 from .legality.report import Finding, Report
 
@@ -41,5 +41,5 @@ def __dir__() -> list[str]:
 __version__ = "0.1.0"
 
 __all__ = ["check", "check_calls", "plan", "assert_legal", "Report", "Finding", "GPU", "resolve_gpu",
-           "InputError", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain", "engine_settings",
+           "InputError", "NotModelled", "BatchIllegalError", "Checker", "Verdict", "Headroom", "LEGAL", "explain", "engine_settings",
            "__version__"]

@@ -15,6 +15,17 @@ class InputError(ValueError):
         super().__init__(f"{field}: {message}" if field else message)
 
 
+class NotModelled(InputError):
+    """A batch whose configuration reaches an engine path the profile does not model (another
+    attention backend, another kernel family, another model's code): it is refused, never judged by
+    the wrong path's limits. ``path`` names what the engine runs instead; the CLI prints the one
+    line and exits with status 2, like any input that cannot be checked."""
+
+    def __init__(self, field: str, path: str, why: str):
+        self.path = path
+        super().__init__(field, f"not modelled: {why}: the engine runs {path}, which this profile does not model")
+
+
 class BatchIllegalError(Exception):
     """Raised by :func:`validate_batch.assert_legal` when a batch breaks a kernel or engine limit.
 

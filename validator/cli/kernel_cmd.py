@@ -110,8 +110,13 @@ def kernel_check_cmd(
     sample: Optional[int] = typer.Option(None, "--sample", help="Run N calls spread evenly over the file (first and last included)."),
     kernel_gen: Optional[str] = typer.Option(None, "--build", "--kernel-gen", help=KERNEL_GEN_PROVIDER_HELP),
     vllm_flashmla: Optional[str] = typer.Option(None, "--vllm-flashmla", help=VLLM_FLASHMLA_HELP),
+    fresh_children: bool = typer.Option(False, "--fresh-children", help="One new child process per call (slower: a torch import and CUDA context each), instead of long-lived children replaced after any fatal outcome."),
 ):
-    """Run each call on the real FlashMLA kernels (one child process each) and diff with the model.
+    """Run each call on the real FlashMLA kernels and diff with the model.
+
+    Long-lived child processes take the calls (one per --jobs slot); a child is replaced after any
+    outcome that can poison its CUDA context, and a call the model expects to be fatal runs in a
+    child of its own (--fresh-children: every call in its own).
 
     Reports per call the kernel's outcome (ok, python_exception, process_exit with the CUDA error's
     file:line, illegal_memory_access, process_crash with the signal, timeout), whether
@@ -145,7 +150,7 @@ def kernel_check_cmd(
     except InputError as e:
         output.error(e)
     result = kernel_check_report(report, output.err_console, provider=provider, timeout=timeout, max_parallel=jobs,
-                                 child=_child(python, backend))
+                                 child=_child(python, backend), served=not fresh_children)
     if output.is_json:
         output.json(result)
     else:

@@ -1,7 +1,8 @@
 """The ``validate-batch`` command line. Results go to stdout, diagnostics to stderr.
 
 Exit codes: 0 legal, 1 illegal, 2 bad input (one line naming the field), 4 internal error (one line;
-``VALIDATE_BATCH_DEBUG=1`` adds the traceback). Kernel mode adds 3 (unavailable here).
+``VALIDATE_BATCH_DEBUG=1`` adds the traceback). Kernel mode adds 3 (unavailable here);
+``--strict-provenance`` adds 5 (the verdict rests on a fact that is not measured on its build).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from ..output.writer import (  # noqa: F401 (the exit codes)
     DEBUG_ENV,
     EXIT_BAD_INPUT,
     EXIT_INTERNAL,
+    EXIT_READ_FACTS,
     EXIT_UNAVAILABLE,
     KERNEL_GEN_HELP,
     OUTPUT_FORMAT_HELP,
@@ -45,6 +47,7 @@ from ..output.render import render_report
 from ..output.render_findings import render_findings
 from ..kernel_mode.reproduce import reproduce_slot_findings
 from ..legality.ruleset import all_rules, get_rule
+from ..legality.standing import build_counts, rule_standing, worst
 from .session import check_documents, split_device_header
 from ..inputs.streaming import CallRecords
 
@@ -237,6 +240,7 @@ def check(
     server_arg: list[str] = typer.Option([], "--server-arg", help="Quick batch: engine flag KEY=VALUE (repeatable), e.g. enable_mixed_chunk=true."),
     env: list[str] = typer.Option([], "--env", help="Quick batch: engine environment switch NAME=VALUE as set in the environment (repeatable), e.g. SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=0."),
     exit_zero: bool = typer.Option(False, "--exit-zero", help="Exit 0 even when the batch is illegal (bad input still exits 2)."),
+    strict_provenance: bool = typer.Option(False, "--strict-provenance", help="Exit 5 when the verdict rests on a fact read from source or a binary rather than measured on the build (an illegal verdict: the broken rules' facts; a legal one: every rule's)."),
     reproduce: bool = typer.Option(False, "--reproduce", help="For slot findings, build the real buffers with PyTorch on the CPU and do the engine's index (needs torch)."),
     output_format: Optional[str] = typer.Option(None, "--output-format", "-f", help=OUTPUT_FORMAT_HELP),
     select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; a prefix such as SLOT selects a family). The findings are filtered after the check: the safe split still considers every rule."),
@@ -244,7 +248,8 @@ def check(
     stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code."),
     recursive: bool = typer.Option(False, "--recursive", "-r", help="Corpus mode: also the files in subdirectories."),
 ):
-    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input.
+    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input, 5 (with
+    --strict-provenance) the verdict rests on a fact read from source or a binary, not measured.
 
     With --kernel: 1 also when the kernel disagrees, 3 when the batch is legal but the kernel could not
     confirm it (kernel mode unavailable, or every call inconclusive).
@@ -270,6 +275,8 @@ def check(
     * `validate-batch check --example dsv4-prefill-3x4096 --across-builds`
 
     * `validate-batch check --example dsv4-prefill-3x4096 --build sgl-flash-mla-1.0.0`
+
+    * `validate-batch check --example dsv4-prefill-3x4096 --strict-provenance` (exit 5 unless every fact behind the verdict was measured on the build)
 
     * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
     """
@@ -343,7 +350,22 @@ def check(
             render_statistics(formats.statistics([{"findings": [f.to_dict() for f in report.findings]}]), out)
     if kernel_result is not None:
         raise typer.Exit(cli_kernel.check_kernel_exit_code(report.legal, kernel_result, exit_zero))
+    if strict_provenance and report.rests_on_read_facts:
+        raise typer.Exit(strict_provenance_exit(report, output))
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
+
+
+def strict_provenance_exit(report, output: Output) -> int:
+    """``--strict-provenance``: one line on stderr naming the read facts behind the verdict; exit 5."""
+    read = report.read_facts_behind_verdict()
+    codes = sorted({c for r in read for c in r["rules"]})
+    builds = sorted({r["build"] for r in read})
+    verdict = "legal" if report.legal else "illegal"
+    output.err_console.print(
+        f"strict provenance: the {verdict} verdict rests on {len(read)} fact(s) not measured on "
+        f"{', '.join(builds)} (rules {', '.join(codes)}); --json lists them under provenance.read_facts",
+        markup=False, highlight=False)
+    return EXIT_READ_FACTS
 
 
 def name_of(file: Optional[str], engine: Optional[str], example: Optional[str]) -> str:
@@ -487,14 +509,17 @@ def builds_cmd(as_json: bool = typer.Option(False, "--json", help="The builds as
     for name in build_names():
         b = build_record(name)
         rows.append({"build": name, "kernels": b["kernels"], "status": b.get("status", ""),
-                     "source": b.get("source", "")})
+                     "source": b.get("source", ""), "provenance": build_counts(name)})
     if output.is_json:
         output.json(rows)
         return
-    t = Table("build", "kernels (by use_legacy / path)", "facts")
+    t = Table("build", "kernels (by use_legacy / path)", "facts", "rule facts measured / read")
     for r in rows:
-        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"])
+        c = r["provenance"]
+        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"],
+                  "\n".join(f"{gpu}: {n['measured']} / {n['read']}" for gpu, n in c.items()))
     output.console.print(t)
+    output.console.print("`validate-batch explain CODE` says which of a rule's facts are measured on which build.")
 
 
 @app.command("rules")
@@ -528,6 +553,13 @@ def explain(code: str = typer.Argument(..., help="A rule code, e.g. FMLA001.")):
     output.result(f"{r.code} - {r.title}  (severity: {r.severity})\n")
     output.result(r.doc)
     output.result(f"\nHow it fails: {r.failure}\nCited source: {r.source}")
+    standing = rule_standing(r)
+    if standing:
+        output.result("\n## Provenance (per build: the facts this rule rests on)")
+        for build, facts in standing.items():
+            output.result(f"- {build}: {worst(facts)}")
+            for st in facts:
+                output.result(f"    {st.fact}: {st.line}")
 
 
 @app.command("schema")

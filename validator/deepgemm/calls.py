@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 from ..errors import InputError
 from ..facts.fields import bool_field, field_name, int_field
-from ..facts.formula import Formula, formula_field
+from ..facts.formula import Formula, formula_field, parse
 from ..facts.knowledge import GPU, load, resolve_gpu
 from ..facts.limits import echo
 
@@ -62,6 +62,28 @@ class MqaMetadataCall:
         return rec
 
 
+#: the shared-memory limits a metadata call meets, in the order DeepGEMM meets them: its host assertion
+#: (``host``: the dynamic bytes against ``smem_capacity``), the JIT compile (``static``: a static array
+#: against the layout's ``static_smem_limit``, ptxas's limit for the JIT's target), the launch (``launch``:
+#: static + dynamic against the GPU's opt-in maximum, which the launch's shared-memory attribute needs)
+LIMIT_KINDS = ("host", "static", "launch")
+
+
+@dataclass(frozen=True)
+class SmemLimit:
+    """One shared-memory limit of a metadata call: its kind (:data:`LIMIT_KINDS`), the bytes the call
+    needs against it, the limit, and the largest batch that passes it."""
+
+    kind: str
+    need: int
+    limit: int
+    max_batch: int
+
+    @property
+    def broken(self) -> bool:
+        return self.need > self.limit
+
+
 @dataclass(frozen=True, eq=False)
 class DeepGemmPlan:
     """Which planner runs the call (DeepGEMM's, or the caller's replacement) and its shared memory."""
@@ -76,6 +98,11 @@ class DeepGemmPlan:
     @property
     def gen(self) -> dict:
         return {"build": self.facts["name"]}
+
+    def fact_scope(self) -> tuple:
+        """Where the rules' facts about this call live: its DeepGEMM version, this GPU's layout
+        (``{layout}``)."""
+        return "deepgemm", self.facts["name"], self.facts["name"], {"layout": self.layout_key}
 
     @property
     def caller_facts(self) -> dict | None:
@@ -101,31 +128,75 @@ class DeepGemmPlan:
         arch = str(self.gpu.arch)
         return arch if arch in self.facts["metadata"] else "*"
 
+    def _where(self) -> str:
+        return f"deepgemm.versions.{self.facts['name']}.metadata.{self.layout_key}"
+
     def _bytes(self) -> Formula | None:
-        """The layout's shared-memory formula for this call (varlen has its own, ``varlen_bytes``;
-        None: no layout for this GPU)."""
+        """The layout's dynamic shared-memory formula for this call, the bytes the host checks and asks
+        for at launch (varlen has its own, ``varlen_bytes``; None: no layout for this GPU)."""
         lay = self.layout
         if lay is None:
             return None
         key = "varlen_bytes" if self.call.varlen and "varlen_bytes" in lay else "bytes"
-        return formula_field(lay, key, f"deepgemm.versions.{self.facts['name']}.metadata.{self.layout_key}", ("b",))
+        return formula_field(lay, key, self._where(), ("b",))
+
+    def _static_bytes(self) -> Formula | None:
+        """The layout's static ``__shared__`` array formula (None: the layout keeps no static array)."""
+        lay = self.layout
+        if lay is None or "static_bytes" not in lay:
+            return None
+        return formula_field(lay, "static_bytes", self._where(), ("b",))
+
+    def _total_bytes(self) -> Formula | None:
+        """Static plus dynamic shared memory: what the launch needs of the GPU."""
+        dyn, st = self._bytes(), self._static_bytes()
+        if dyn is None or st is None:
+            return dyn
+        return parse(f"({dyn.text})+({st.text})", f"{self._where()}.static_bytes+bytes", ("b",))
 
     @property
     def smem_bytes(self) -> int | None:
-        """Shared memory the metadata kernel asks for, in bytes (None: no layout for this GPU)."""
+        """Dynamic shared memory the metadata kernel asks for, in bytes (None: no layout for this GPU)."""
         f = self._bytes()
         return None if f is None else f(b=self.call.batch)
 
     @property
+    def static_smem_bytes(self) -> int:
+        """The metadata kernel's static shared memory, in bytes (0: it keeps no static array)."""
+        f = self._static_bytes()
+        return 0 if f is None else f(b=self.call.batch)
+
+    @property
+    def limits(self) -> tuple[SmemLimit, ...]:
+        """The call's shared-memory limits in the order DeepGEMM meets them (:data:`LIMIT_KINDS`);
+        empty when there is no layout for this GPU."""
+        dyn = self._bytes()
+        if dyn is None:
+            return ()
+        b = self.call.batch
+        checks = [("host", dyn, self.facts["smem_capacity"])]
+        st = self._static_bytes()
+        if st is not None:
+            checks.append(("static", st, self.layout["static_smem_limit"]))
+        checks.append(("launch", self._total_bytes(), self.gpu.smem_optin))
+        return tuple(SmemLimit(kind, f(b=b), cap, f.largest("b", cap, hi=MAX_BATCH)) for kind, f, cap in checks)
+
+    @property
+    def broken(self) -> SmemLimit | None:
+        """The first limit the call breaks (the one whose failure the process shows), or None."""
+        return next((lim for lim in self.limits if lim.broken), None)
+
+    @property
     def max_batch(self) -> int | None:
-        """Largest batch whose metadata fits DeepGEMM's shared-memory capacity."""
-        f = self._bytes()
-        return None if f is None else f.largest("b", self.facts["smem_capacity"], hi=MAX_BATCH)
+        """Largest batch whose metadata passes every shared-memory limit (None: no layout for this GPU)."""
+        lims = self.limits
+        return min(lim.max_batch for lim in lims) if lims else None
 
     def to_dict(self, with_schedule: bool = True) -> dict:
         return {"call": self.call.to_record(), "implementation": None, "num_sm_parts": None,
                 "deepgemm": self.facts["name"], "planner": "caller" if self.replaced else "deepgemm",
-                "smem_bytes": None if self.replaced else self.smem_bytes}
+                "smem_bytes": None if self.replaced else self.smem_bytes,
+                "static_smem_bytes": None if self.replaced else self.static_smem_bytes}
 
 
 def call_from_record(rec: Mapping, prefix: str = "") -> MqaMetadataCall:

@@ -9,26 +9,46 @@ from .calls import RULE_KIND, DeepGemmPlan, plan, version
 
 def mqa_metadata_page() -> dict:
     """The numbers DG001's page quotes: each version's batch limit (``rules/deepgemm.json``) on an H200
-    (SM90) and a B200 (SM100), and SGLang 0.5.23's replacement threshold."""
+    (SM90) and a B200 (SM100), the static-array limit, and SGLang 0.5.23's replacement threshold."""
     rec = {"kind": "paged_mqa_logits_metadata", "batch": 1}
     sm100 = plan(rec, "B200", "deepgemm-54e2261").max_batch
+    data = load("deepgemm")
     return {"sm90_rows": plan(rec, "H200", "deepgemm-54e2261").max_batch,
             "varlen_rows": plan({**rec, "varlen": True}, "H200", "deepgemm-88965b0").max_batch,
+            "static_sm90_rows": plan(rec, "H200", "deepgemm-7f2a703").max_batch,
+            "static_sm100_rows": plan(rec, "B200", "deepgemm-7f2a703").max_batch,
+            "static_sm100_limit": version("deepgemm-7f2a703")["metadata"]["10"]["static_smem_limit"],
             "sm100_rows": sm100, "sm100_example": sm100 + 1,
+            "static_example": plan(rec, "H200", "deepgemm-7f2a703").max_batch + 1,
             "capacity": version("deepgemm-54e2261")["smem_capacity"],
-            "threshold": load("deepgemm")["callers"]["sglang-0.5.23"]["replacement_threshold"]}
+            "threshold": data["callers"]["sglang-0.5.23"]["replacement_threshold"]}
+
+
+#: what each limit is, as a finding says it
+_LIMIT_WORDS = {
+    "host": ("shared memory", "DeepGEMM's capacity"),
+    "static": ("static shared memory (a __shared__ array sized by the batch at JIT time)", "ptxas's static limit"),
+    "launch": ("static plus dynamic shared memory", "the GPU's opt-in maximum"),
+}
+_LIMIT_FAILURE = {"host": "failure", "static": "static_failure", "launch": "launch_failure"}
 
 
 @rule("DG001", page=mqa_metadata_page, reads="rows", subject=RULE_KIND, added=33,
+      facts=("metadata.{layout}", "metadata.{layout}.static_smem_limit", "smem_capacity"),
       title="DeepGEMM paged MQA-logits metadata: batch above the scheduler's shared-memory budget",
       failure=Failure("python_exception",
                       "DeepGEMM's host assertion 'Assertion error (.../<impl>.hpp:N): smem_size <= "
-                      "SM90ArchSpec::smem_capacity' (or SM100ArchSpec) raises; the DSA indexer step fails",
+                      "SM90ArchSpec::smem_capacity' (or SM100ArchSpec) raises, or (7f2a703's static array) the JIT "
+                      "compile ('Assertion error (.../compiler.hpp:228): false and \"NVCC compilation failed\"') or "
+                      "the launch's shared-memory attribute ('CUDA driver error (.../handle.hpp:178)') fails; the DSA "
+                      "indexer step fails",
                       also=("process_crash",), site="sm90_fp8_mqa_logits.hpp",
                       message="smem_size <= SM90ArchSpec::smem_capacity"),
       source="DeepGEMM 54e2261 csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:210-212 (4*align(b,32) bytes), "
              "csrc/jit_kernels/impls/sm100_mqa_logits.hpp:64-65 (8*b bytes), csrc/jit_kernels/heuristics/sm90.hpp:14 "
              "/ sm100.hpp:15 (232448); 88965b0 and 7f2a703 csrc/jit_kernels/impls/smxx_fp8_fp4_paged_mqa_logits.hpp; "
+             "7f2a703 deep_gemm/include/deep_gemm/scheduler/paged_mqa_logits.cuh:28 (static __shared__ array), "
+             "csrc/jit/compiler.hpp:225-229 (the JIT compile's failure), csrc/jit/handle.hpp:175-187 (the launch); "
              "SGLang 0.5.23 srt/layers/attention/dsv4/metadata.py:66, :212-218 (replacement planner)",
       signatures=[
           {"file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
@@ -45,18 +65,26 @@ def mqa_metadata_smem(p: DeepGemmPlan):
     ``get_paged_mqa_logits_metadata`` asks for ``4*align(b, 32)`` bytes (DeepGEMM up to 7f2a703, and
     SM90 in 54e2261: b <= {{sm90_rows}}), ``4*(3*align(b, 32)+1)`` with varlen indices (88965b0: b <= {{varlen_rows}}),
     or ``8*b`` on SM100 in 54e2261 (b <= {{sm100_rows}}), against DeepGEMM's own capacity of {{capacity}} bytes.
-    ``b`` is ``context_lens.size(0)``: requests. SGLang 0.5.23's DeepSeek-V4 indexer replaces the
-    call by its own JIT planner (no shared-memory bound) when each request has one query row and the
+    Up to 7f2a703 the kernel keeps its prefix sums in a static ``__shared__`` array sized by the batch
+    as a template constant and asks for the same bytes again as dynamic shared memory: the launch
+    needs both within the GPU's opt-in maximum (``8*align(b, 32)``: b <= {{static_sm90_rows}} on SM90), and on
+    SM100, where the JIT compiles for the family target ``sm_100f`` (NVCC 12.9 and newer), ptxas
+    refuses a static array above {{static_sm100_limit}} bytes (b <= {{static_sm100_rows}}).
+    ``b`` is ``context_lens.size(0)``: requests. SGLang 0.5.23's DeepSeek-V4 indexer replaces the call by its own JIT planner (no shared-memory bound) when each request has one query row and the
     forward has more than {{threshold}} rows (or ``SGLANG_OPT_USE_JIT_INDEXER_METADATA`` is set); with
     several rows per request (speculative verify) DeepGEMM's planner always runs.
 
     ## Why it crashes
     DeepGEMM's host assertion ``smem_size <= SM90ArchSpec::smem_capacity`` (or ``SM100ArchSpec``)
     throws: ``Assertion error (.../sm100_mqa_logits.hpp:65): ...`` - a Python ``RuntimeError``; the
-    indexer step fails.
+    indexer step fails. With 7f2a703's static array the host check passes and either the JIT compile
+    fails (SM100: ptxas prints ``uses too much shared data (0x... bytes, 0xc000 max)`` and DeepGEMM raises
+    ``Assertion error (.../compiler.hpp:228): false and "NVCC compilation failed"``) or the launch refuses
+    the shared-memory attribute (SM90: ``CUDA driver error (.../handle.hpp:178): 1 (CUDA_ERROR_INVALID_VALUE, ...)``).
 
     ## Example
-    ``{"kind": "paged_mqa_logits_metadata", "batch": {{sm100_example}}}`` on a B200 with DeepGEMM 54e2261.
+    ``{"kind": "paged_mqa_logits_metadata", "batch": {{sm100_example}}}`` on a B200 with DeepGEMM 54e2261;
+    ``{"kind": "paged_mqa_logits_metadata", "batch": {{static_example}}, "version": "deepgemm-7f2a703"}`` on an H200.
 
     ## Fix
     Chunk the indexer's rows (one metadata call per chunk of <= the limit), or let the engine's
@@ -65,13 +93,14 @@ def mqa_metadata_smem(p: DeepGemmPlan):
     ## Source
     DeepGEMM 54e2261 ``csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:210-212``,
     ``sm100_mqa_logits.hpp:64-65``; 88965b0 / 7f2a703 ``smxx_fp8_fp4_paged_mqa_logits.hpp``;
+    7f2a703 ``deep_gemm/include/deep_gemm/scheduler/paged_mqa_logits.cuh:28``, ``csrc/jit/compiler.hpp:225-229``,
+    ``csrc/jit/handle.hpp:175-187``, ``csrc/jit/device_runtime.hpp:88-97``;
     SGLang 0.5.23 ``srt/layers/attention/dsv4/metadata.py:66`` and ``:212-218``.
     """
     if p.replaced:
         return None
-    need = p.smem_bytes
-    cap = p.facts["smem_capacity"]
-    if need is None or need <= cap:
+    lim = p.broken
+    if lim is None:
         return None
     c = p.call
     top = p.max_batch
@@ -80,11 +109,13 @@ def mqa_metadata_smem(p: DeepGemmPlan):
     if cf is not None:
         why = (f"; {c.caller} keeps DeepGEMM's planner here (its replacement runs only for one row per request "
                f"and more than {cf['replacement_threshold']} rows)")
+    what, against = _LIMIT_WORDS[lim.kind]
     steps = -(-c.batch // top)
     return [mqa_metadata_smem.rule.finding(
-        f"batch {c.batch} needs {need} B of shared memory in DeepGEMM {p.facts['name']}'s MQA-logits metadata on "
-        f"{sm_name(p.gpu.arch)}; expected <= {cap} B (batch <= {top}), got {need} B{why}",
-        subject=c.label or c.summary(), numbers={"batch": c.batch, "max_batch": top, "smem_bytes": need, "smem_limit": cap},
+        f"batch {c.batch} needs {lim.need} B of {what} in DeepGEMM {p.facts['name']}'s MQA-logits metadata on "
+        f"{sm_name(p.gpu.arch)}; expected <= {lim.limit} B ({against}; batch <= {top}), got {lim.need} B{why}",
+        subject=c.label or c.summary(),
+        numbers={"batch": c.batch, "max_batch": top, "smem_bytes": lim.need, "smem_limit": lim.limit},
         fix=f"chunk the indexer metadata into at least {steps} calls of <= {top} requests"
             + (", or set SGLANG_OPT_USE_JIT_INDEXER_METADATA=1" if cf is not None and c.next_n == 1 else ""),
-        failure=load("deepgemm")["failure"])]
+        failure=load("deepgemm")[_LIMIT_FAILURE[lim.kind]])]

@@ -15,6 +15,7 @@ from importlib import import_module
 
 from ..errors import InputError
 from ..facts.knowledge import load
+from ..facts.provenance import record_kind
 from .base import BatchPlan, DerivedCall, Profile
 from .versions import judged_label, release_key, releases, resolve_version
 
@@ -41,6 +42,14 @@ def engine_family(name: str) -> str:
 def provided_by(names) -> frozenset:
     """The per-step quantities the named profiles provide together (``rows``, ``slots``)."""
     return frozenset().union(*(get_profile(n).provides for n in names)) if names else frozenset()
+
+
+@record_kind("engine")
+def _engine_record(name: str) -> dict:
+    """``PROFILE@VERSION``: the profile's record with its version's entry over it (where the engine
+    rules' facts live)."""
+    profile, _, version = name.partition("@")
+    return {**load("engines")["profiles"][profile], **resolve_version(profile, version or None)}
 
 
 __all__ = ["BatchPlan", "DerivedCall", "Profile", "engine_family", "get_profile", "profile_names", "provided_by",

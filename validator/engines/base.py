@@ -61,6 +61,13 @@ class BatchPlan:
     profiles: tuple = ()
     rows_only: bool = False     # only rules that read rows and the configuration run: no per-row lengths
 
+    def fact_scope(self) -> tuple | None:
+        """Where the engine rules' facts live: the first profile's record with its version's entry."""
+        if not self.versions:
+            return None
+        profile, version = next(iter(self.versions.items()))
+        return "engine", f"{profile}@{version}", f"{profile}@{version}", {}
+
     def to_dict(self) -> dict:
         d: dict = {"forward_mode": self.batch.forward_mode, "versions": self.versions}
         for prof in self.profiles:

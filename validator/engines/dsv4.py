@@ -12,7 +12,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..inputs.batch import Batch, request_arrays, request_contexts
-from ..errors import InputError
+from ..errors import InputError, NotModelled
 from ..facts.fields import min_max, positive_int
 from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan, plan
@@ -21,7 +21,7 @@ from ..facts.knowledge import load
 from ..facts.modes import Mode
 from ..legality.ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
-from .rules import precompute_formula
+from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 from .versions import resolve_version
 
 NAME = "sglang-dsv4"
@@ -146,10 +146,14 @@ class Dsv4Setup:
     excluded: str | None = None        # why no extend goes to sparse prefill in this configuration (None: routing applies)
 
 
+def _precompute_data(release: str) -> dict:
+    return next(r for r in precompute_releases() if r["release"] == release)
+
+
 @lru_cache(maxsize=256)
 def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int | None, draft: int,
            version: str, switch: bool | None = None, tail_tokens: int | None = None, kv_layout: str | None = None,
-           use_legacy: bool | None = None, precompute: bool = False, excluded: str | None = None) -> Dsv4Setup:
+           use_legacy: bool | None = None, precompute: str | None = None, excluded: str | None = None) -> Dsv4Setup:
     prof = _data()
     dflt = prof["defaults"]
     d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
@@ -168,9 +172,8 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
                       _shape_quiet(shape, False, False)))
         prefill.append((spec["name"], topk + (extra_topk or 0)))
     pre = None
-    if precompute:
-        data = _version_data(version)["sched_precompute"]
-        pre = (data, max(gpu.num_sms // 1, 1))      # num_sm_parts = SMs // s_q, and s_q is 1
+    if precompute is not None:
+        pre = (_precompute_data(precompute), max(gpu.num_sms // 1, 1))   # num_sm_parts = SMs // s_q, and s_q is 1
     return Dsv4Setup(h_q, threshold, probe.max_sched_rows, tuple(calls), tuple(prefill), draft, version, build,
                      switch, tail_tokens, kv_layout, use_legacy, pre, excluded)
 
@@ -244,11 +247,67 @@ def kv_layout(batch: Batch, version: dict) -> tuple[str | None, bool | None]:
     return name, bool(spec["use_legacy"])
 
 
-def _precompute_runs(batch: Batch, version: dict, h_q: int) -> bool:
-    """SGLang computes the decode kernel's schedule itself (a JIT kernel) for this configuration."""
-    pre = version.get("sched_precompute")
-    return (pre is not None and batch.model.get("model_type") in pre["models"]
-            and batch.gpu.cc[0] in pre["cc_majors"] and h_q == pre["h_q"])
+def _precompute_runs(batch: Batch, version: dict, h_q: int) -> str | None:
+    """The release whose schedule precompute (a JIT kernel of SGLang's) runs for this configuration
+    (None: none runs). A version entry that spans releases whose precompute differs, named without
+    a release number, is an :class:`InputError` for the configurations the precompute would run for."""
+    data = load("engines")["profiles"][NAME].get("sched_precompute")
+    if (data is None or batch.model.get("model_type") not in data["models"]
+            or batch.gpu.cc[0] not in data["cc_majors"] or h_q != data["h_q"]):
+        return None
+    kind, pre = precompute_for(version)
+    if kind == "ambiguous":
+        rels = [r["min_release"] for r in data["releases"]]
+        span = "..".join(x or "" for x in (version.get("min_release"), version.get("max_release")))
+        raise InputError("engine", f"sglang-dsv4@{version['name']} stands for releases {span}, whose schedule "
+                                   f"precompute differs (none before {rels[0]}; from {rels[0]} each release its own: "
+                                   f"{', '.join(rels)}): name the release, e.g. sglang-dsv4@{rels[-2] if len(rels) > 1 else rels[0]}")
+    return None if pre is None else pre["release"]
+
+
+def unmodelled_path(batch: Batch, version: dict) -> NotModelled | None:
+    """The reason this configuration's attention runs a path the profile does not model (SGLang's
+    SM120 kernels, another DeepSeek-V4 attention backend), or None."""
+    spec = _data().get("unmodelled_paths") or {}
+    sm120 = spec.get("sm120")
+    if sm120 is not None and batch.gpu.cc[0] in sm120["cc_majors"]:
+        return NotModelled("gpu", sm120["path"], f"{batch.gpu.name} is SM{batch.gpu.cc[0]}{batch.gpu.cc[1]}")
+    ab = spec.get("attention_backend")
+    if ab is None:
+        return None
+    given = batch.arg(ab["setting"])
+    name = str(given or ab["default"]).strip().lower()
+    if name == "auto":
+        name = _auto_backend(batch, version, ab)
+        how = f"{ab['setting']} auto resolves to {name}"
+    else:
+        how = f"{ab['setting']} {name}"
+    if name in ab["modelled"]:
+        return None
+    path = ab["paths"].get(name, f"the {name} DeepSeek-V4 attention backend")
+    return NotModelled(f"server_args.{ab['setting']}", path, how)
+
+
+def _auto_backend(batch: Batch, version: dict, ab: dict) -> str:
+    """What ``auto`` resolves to for this configuration: the release's rule when it has one."""
+    auto = ab["auto"]
+    rel = version.get("matched_release") or version.get("min_release")
+    if rel is None or release_tuple(rel) < release_tuple(auto["min_release"]):
+        return ab["modelled"][0]
+    cache = batch.arg("kv_cache_dtype")
+    layout = batch.arg("SGLANG_DSV4_KV_LAYOUT")
+    if (batch.model.get("model_type") not in auto["models"] or batch.gpu.cc[0] not in auto["cc_majors"]
+            or (cache if cache is None else str(cache).lower()) not in auto["kv_cache_dtypes"]
+            or (layout if layout is None else str(layout).lower()) not in auto["kv_layouts"]):
+        return ab["modelled"][0]
+    if auto.get("not_with_attention_tp_outside_pd"):
+        pd = str(batch.arg("disaggregation_mode") or "null").lower() not in ("null", "none", "")
+        tp = int(batch.arg("tp_size", 1) or 1)
+        cp = int(batch.arg("attn_cp_size", 1) or 1)
+        attn_tp = max(tp // max(cp * batch.attn_dp_size(), 1), 1)
+        if not pd and attn_tp > 1 and not batch.arg("enable_prefill_cp", False):
+            return ab["modelled"][0]
+    return auto["to"]
 
 
 def precompute_smem(data: dict, b: int, parts: int) -> int:
@@ -307,6 +366,9 @@ class Dsv4Profile(Profile):
     guarantees = frozenset({"lengths"})
 
     def setup(self, batch: Batch, version: dict, build: str | None) -> Dsv4Setup:
+        refused = unmodelled_path(batch, version)
+        if refused is not None:
+            raise refused
         build = build or version.get("kernel_build")    # the build this engine version ships
         dflt = _data()["defaults"]
         ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
@@ -344,7 +406,8 @@ class Dsv4Profile(Profile):
                 bp.routing["kv_layout_needs_cc_major"] = spec["needs_cc_major"]
         if setup.precompute is not None:
             bp.routing["sched_precompute"] = {"num_sm_parts": setup.precompute[1], "data": setup.precompute[0],
-                                              "use_legacy": setup.use_legacy}
+                                              "use_legacy": setup.use_legacy,
+                                              "release": setup.precompute[0]["release"]}
         tail = setup.tail_tokens is not None and mode.is_routable()
         if routed:
             for name, topk in setup.prefill_topk:

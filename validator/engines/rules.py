@@ -9,6 +9,7 @@ from ..flashmla.plan import plan as flashmla_plan
 from ..flashmla.rules import SCHED_SMEM_SIGNATURES
 from ..facts.formula import Formula, formula_field
 from .forward import forward_rows
+from .versions import release_key
 from ..facts.knowledge import load
 from ..legality.registry import rule
 
@@ -173,66 +174,150 @@ def _global_slots(bp) -> tuple[list[tuple[str, int]], list[str]]:
 
 def precompute_formula(data: dict) -> Formula:
     """The schedule precompute's dynamic shared memory in bytes for ``b`` rows and ``P`` partitions
-    (the version's ``sched_precompute.dynamic_bytes``, ``4*(5b+1+8P)``)."""
+    (``sched_precompute.dynamic_bytes``, ``4*(5b+1+8P)``)."""
     return formula_field(data, "dynamic_bytes", "engines.sglang-dsv4.sched_precompute", ("b", "P"))
 
 
+def _precompute_data() -> dict | None:
+    return load("engines")["profiles"]["sglang-dsv4"].get("sched_precompute")
+
+
+def precompute_releases() -> list[dict]:
+    """The schedule precompute as each release ships it: the shared facts merged with the release's
+    own guard, kernel check and shared-memory opt-in (``release``: its first release number)."""
+    data = _precompute_data()
+    if data is None:
+        return []
+    shared = {k: v for k, v in data.items() if k != "releases"}
+    return [{**shared, **r, "release": r["min_release"]} for r in data["releases"]]
+
+
+def release_tuple(v: str) -> tuple:
+    """A release number as a key for ordering, PEP 440-like (``0.5.12 < 0.5.12.post1 < 0.5.13``;
+    :func:`validate_batch.engines.versions.release_key`)."""
+    key = release_key(v)
+    if key is None:
+        raise ValueError(f"not a release number: {v!r}")
+    return key
+
+
+def _rel(v: str | None):
+    return None if v is None else release_tuple(v)
+
+
+def precompute_for(version: dict) -> tuple[str, dict | None]:
+    """``("one", data)``: the precompute of the release(s) a resolved version entry stands for (data
+    None: those releases have none); ``("ambiguous", None)``: the entry spans releases whose
+    precompute differs and names none of them (resolve it by release number).
+
+    A version resolved by a release number stands for that release; one named by an alias for its
+    ``min_release`` .. ``max_release`` (open ends open)."""
+    rels = precompute_releases()
+    m = version.get("matched_release")
+    lo, hi = (_rel(m), _rel(m)) if m else (_rel(version.get("min_release")), _rel(version.get("max_release")))
+    hits, before = [], False
+    for r in rels:
+        r_lo, r_hi = _rel(r["min_release"]), _rel(r.get("max_release"))
+        if (hi is None or r_lo <= hi) and (lo is None or r_hi is None or lo <= r_hi):
+            hits.append(r)
+    if rels:
+        first = _rel(rels[0]["min_release"])
+        before = lo is None or lo < first
+    kinds = len(hits) + (1 if before else 0)
+    if kinds > 1:
+        return "ambiguous", None
+    return "one", (hits[0] if hits else None)
+
+
+def precompute_launch_limit(data: dict) -> int:
+    """The largest dynamic size the precompute's launch accepts: its opt-in when it sets one, else
+    the default per-block limit less the kernel's static shared memory."""
+    opt = data.get("opt_in_bytes")
+    return int(opt) if opt else int(data["default_limit_bytes"]) - int(data["static_bytes"])
+
+
+def precompute_window(data: dict, parts: int) -> tuple[int, int | None] | None:
+    """``(first, last)`` rows whose precompute fails for ``parts`` partitions (last None: every
+    larger ``b`` fails too); None when none fails."""
+    f = precompute_formula(data)
+    limit = precompute_launch_limit(data)
+    guard = data.get("guard_budget_bytes")
+    first = f.largest("b", limit, P=parts) + 1
+    if guard is None:
+        return first, None
+    last = f.largest("b", guard, P=parts)
+    return (first, last) if first <= last else None
+
+
 def precompute_safe_rows(p) -> int | None:
-    """The largest ``b`` below SGL003's window on this call's GPU and heads: rows its guard admits
-    that do not fit start above it (None: no engine version precomputes this call's schedule)."""
+    """The largest ``b`` below SGL003's window on this call's GPU and heads in any release (None: no
+    release precomputes this call's schedule, or none fails)."""
     if not p.is_decode:
         return None
     out = None
-    for v in load("engines")["profiles"]["sglang-dsv4"]["versions"]:
-        data = v.get("sched_precompute")
-        if data is None or p.gpu.cc[0] not in data["cc_majors"] or p.call.h_q != data["h_q"]:
+    for data in precompute_releases():
+        if p.gpu.cc[0] not in data["cc_majors"] or p.call.h_q != data["h_q"]:
             continue
-        parts = max(p.gpu.num_sms // p.call.s_q, 1)
-        safe = precompute_formula(data).largest("b", data["guard_budget_bytes"] - data["static_bytes"], P=parts)
-        out = safe if out is None else min(out, safe)
+        w = precompute_window(data, max(p.gpu.num_sms // p.call.s_q, 1))
+        if w is not None:
+            out = w[0] - 1 if out is None else min(out, w[0] - 1)
     return out
 
 
 @rule("SGL003", scope="batch", reads="schedule", safe_rows=precompute_safe_rows, added=19,
-      title="SGLang's schedule precompute passes its shared-memory guard but does not fit with the kernel's static "
-            "shared memory",
-      failure=Failure("cuda_error",
-                      "the JIT scheduling kernel's launch asks for more shared memory than a block has (inferred "
-                      "from the source, not measured): the forward fails"),
-      source="SGLang 0.5.23 srt/layers/attention/deepseek_v4_backend.py:215-273 (guard 4*(5b+1+8P) <= 48 KiB); "
-             "kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh (static shared arrays); sglang PRs #39646, #40429")
+      title="SGLang's schedule precompute asks for more shared memory than its launch may have",
+      failure=Failure("python_exception",
+                      "the JIT scheduling kernel's launch is refused (CUDA: too much shared memory for the block, "
+                      "raised by the launch check), or, in 0.5.21, its size check raises first: the forward fails "
+                      "(read from the source; the launch limit's mechanism is measured by bench/probe_smem_launch.cu)"),
+      source="SGLang 0.5.21 / 0.5.22 / 0.5.23 srt/layers/attention/deepseek_v4_backend.py "
+             "(_maybe_precompute_flashmla_sched_meta: no guard / guard 4*(5b+1+8P) <= 48 KiB / the same guard) and "
+             "kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh (48 static bytes; 0.5.23 opts in to 48 KiB "
+             "dynamic)")
 def precompute_smem(bp):
-    """SGLang's own schedule precompute fits its guard but not the shared memory it really needs.
+    """SGLang's own schedule precompute asks for shared memory its launch may not have.
 
     ## What it checks
-    On Blackwell with 64 heads per rank, SGLang 0.5.23's DeepSeek-V4 backend computes the decode
-    kernel's tile schedule itself for DeepSeek-V4.1 (a JIT kernel), with ``num_sm_parts = SMs // s_q``.
-    Its guard skips the precompute when ``4*(5b+1+8P)`` bytes exceed 48 KiB; the kernel also has
-    static shared memory that the guard does not count. For ``b`` in the window where the dynamic
-    part fits and dynamic plus static does not, the guard lets the launch go ahead.
+    On Blackwell with 64 heads per rank, SGLang's DeepSeek-V4 backend computes the decode kernel's
+    tile schedule itself for DeepSeek-V4.1 (a JIT kernel, from 0.5.21), with ``num_sm_parts = SMs
+    // s_q`` and ``4*(5b+1+8P)`` bytes of dynamic shared memory; the kernel also has 48 bytes of
+    static shared memory. Each release ships it differently:
+
+    - 0.5.21: no guard. The kernel's size check raises for more than 48 KiB dynamic, and the launch
+      (no opt-in) needs dynamic + static <= 48 KiB: every ``b`` from the first that does not fit
+      fails.
+    - 0.5.22: a guard skips the precompute above 48 KiB dynamic, but forgets the static bytes: the
+      ``b`` it admits that do not fit with them fail.
+    - 0.5.23: the same guard, and the kernel opts in to 48 KiB of dynamic shared memory: every
+      schedule the guard admits launches. Nothing fails.
 
     ## Why it crashes
-    The launch asks for more shared memory than the block may have: a CUDA launch error, and the
-    forward fails (inferred from the source; not measured).
+    The launch asks for more shared memory than the block may have: CUDA refuses it and the JIT
+    op's launch check raises, so the forward fails (0.5.21 above 48 KiB: its size check raises
+    first).
 
     ## Example
-    B200 (148 SMs): the guard admits b <= 2220 rows; with 64 static bytes only b <= 2217 fit, so
-    decode batches of 2218..2220 requests fail.
+    B200 (148 SMs): ``4*(5b+1+8*148) + 48 <= 49152`` holds up to b = 2218. SGLang 0.5.22 fails
+    decode batches of 2219 and 2220 requests (its guard admits b <= 2220); 0.5.21 fails every batch
+    from 2219; 0.5.23 none.
 
     ## Fix
-    Keep the forward's rows outside the window (one request fewer, or more), or count the static
-    bytes in the guard.
+    Keep the forward's rows outside the window (one request fewer, or, on 0.5.22, more), or use
+    SGLang 0.5.23 (its kernel opts in to the shared memory the guard admits).
 
     ## Source
-    SGLang 0.5.23 ``srt/layers/attention/deepseek_v4_backend.py:215-273`` and
-    ``kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh``; sglang PRs #39646, #40429.
+    SGLang 0.5.21 / 0.5.22 / 0.5.23 ``srt/layers/attention/deepseek_v4_backend.py``
+    (``_maybe_precompute_flashmla_sched_meta``) and ``kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh``.
     """
     pre = bp.routing.get("sched_precompute")
     if not pre:
         return None
     data, parts = pre["data"], pre["num_sm_parts"]
-    budget, static = data["guard_budget_bytes"], data["static_bytes"]
+    guard, check, static = data.get("guard_budget_bytes"), data.get("kernel_check_bytes"), data["static_bytes"]
+    limit = precompute_launch_limit(data)
     dynamic = precompute_formula(data)
+    window = precompute_window(data, parts)
+    rel = pre.get("release") or data["release"]
     out = []
     for dc in bp.calls:
         c = dc.call
@@ -241,17 +326,28 @@ def precompute_smem(bp):
         if pre["use_legacy"] is False and c.topk + (c.extra_topk or 0) < data["split_kv_min_topk"]:
             continue            # the current kernels do not split this call: no schedule to compute
         need = dynamic(b=c.b, P=parts)
-        if need <= budget < need + static:
-            out.append(precompute_smem.rule.finding(
-                f"{dc.name}: SGLang's schedule precompute for b = {c.b} rows needs {need} B dynamic + {static} B static "
-                f"shared memory; its guard admits it ({need} <= {budget}) but expected <= {budget} B in all, got "
-                f"{need + static} B on {bp.batch.gpu.name} (num_sm_parts {parts}, build {dc.plan.gen['build']})",
-                subject=f"FlashMLA call {dc.name} of this {bp.batch.forward_mode} forward",
-                numbers={"rows": c.b, "dynamic_bytes": need, "static_bytes": static, "budget_bytes": budget,
-                         "num_sm_parts": parts},
-                fix=f"keep the forward's rows below {dynamic.largest('b', budget - static, P=parts) + 1} "
-                    f"or above {dynamic.largest('b', budget, P=parts)} (split the batch), "
-                    "or count the static bytes in the engine's guard"))
+        if guard is not None and need > guard:
+            continue            # the guard skips the precompute: FlashMLA schedules itself
+        if check is not None and need > check:
+            what = (f"SGLang {rel}'s schedule precompute for b = {c.b} rows needs {need} B of dynamic shared "
+                    f"memory; expected <= {check} B (its kernel's size check, with no guard before it), got {need} B")
+        elif need > limit:
+            what = (f"SGLang {rel}'s schedule precompute for b = {c.b} rows needs {need} B dynamic + {static} B static "
+                    f"shared memory; " + (f"its guard admits it ({need} <= {guard}) but " if guard is not None else "")
+                    + f"expected <= {limit + static} B in all without an opt-in, got {need + static} B")
+        else:
+            continue
+        if window is None:
+            continue
+        first, last = window
+        keep = f"keep the forward's rows below {first}" + (f" or above {last} (split the batch)" if last is not None
+                                                           else " (split the batch)")
+        out.append(precompute_smem.rule.finding(
+            f"{dc.name}: {what} on {bp.batch.gpu.name} (num_sm_parts {parts}, build {dc.plan.gen['build']})",
+            subject=f"FlashMLA call {dc.name} of this {bp.batch.forward_mode} forward",
+            numbers={"rows": c.b, "dynamic_bytes": need, "static_bytes": static, "launch_limit_bytes": limit,
+                     "budget_bytes": guard, "num_sm_parts": parts, "release": rel},
+            fix=f"{keep}, or use SGLang 0.5.23 (its kernel opts in to the shared memory its guard admits)"))
     return out
 
 

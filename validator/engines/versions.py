@@ -80,6 +80,7 @@ def _judged(profile: str, entry: dict, release: dict | None, basis: str, warning
     if release is not None:
         out.update({k: v for k, v in release.items() if k not in RELEASE_META and not k.startswith("_")})
         out["release"] = release["release"]
+        out["matched_release"] = release["release"]     # the one release this stands for
         out["release_source"] = release.get("source")
         out["release_pins"] = list(release.get("pins", []))
     out["judged_as"] = {"profile": profile, "version": entry["name"],

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InputError, NotModelled
 from ..inputs.batch import Batch
 from ..facts.fields import positive_int
 from ..flashmla.calls import DecodeCall, SparsePrefillCall
@@ -46,10 +47,42 @@ def _heads(batch: Batch, dflt: dict) -> int:
     return dflt["h_q"]
 
 
+def unmodelled_path(batch: Batch) -> NotModelled | None:
+    """The reason this configuration runs attention the profile does not model (vLLM's DeepSeek-V4.1
+    model code, FlashInfer's DeepSeek-V4 kernels, its SM120 default), or None. An attention backend
+    vLLM refuses for DeepSeek V4 is an :class:`InputError`."""
+    spec = profile_data(NAME).get("unmodelled_paths") or {}
+    v41 = spec.get("deepseek_v41")
+    mt = batch.model.get("model_type")
+    if v41 is not None and mt in v41["model_types"]:
+        return NotModelled("model.model_type", v41["path"], f"model_type {mt} is DeepSeek-V4.1")
+    ab = spec.get("attention_backend")
+    if ab is None:
+        return None
+    backend = str(batch.arg(ab["setting"]) or "").strip().upper()
+    if backend in ab["refused"]:
+        raise InputError(f"server_args.{ab['setting']}", f"vLLM refuses {backend} for DeepSeek V4 (ValueError: "
+                                                         f"not a DeepSeek V4 attention backend; use "
+                                                         f"{ab['flashinfer'][0]} or {ab['flashmla'][-1]})")
+    sm12 = batch.gpu.cc[0] in ab["default_flashinfer_cc_majors"]
+    if backend in ab["flashinfer"]:
+        key = "flashinfer_sm120" if sm12 else "flashinfer"
+        return NotModelled(f"server_args.{ab['setting']}", ab["paths"][key], f"attention backend {backend}")
+    if sm12 and backend not in ab["flashmla"]:
+        return NotModelled("gpu", ab["paths"]["flashinfer_sm120"],
+                           f"{batch.gpu.name} is SM{batch.gpu.cc[0]}{batch.gpu.cc[1]} and "
+                           + (f"attention backend {backend}" if backend else "no attention backend is set")
+                           + f" (vLLM's default there is FlashInfer; {ab['flashmla'][-1]} picks FlashMLA)")
+    return None
+
+
 class VllmDsv4Profile(VllmProfile):
     name = NAME
 
     def setup(self, batch: Batch, version: dict, build: str | None) -> VllmDsv4Setup:
+        refused = unmodelled_path(batch)
+        if refused is not None:
+            raise refused
         prof = profile_data(NAME)
         dflt = prof["defaults"]
         build = build or version.get("kernel_build")

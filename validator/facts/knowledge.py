@@ -211,3 +211,4 @@ def sm_name(arch: int) -> str:
 def sm_list(archs) -> str:
     """``SM90 or SM100``: the architectures in ascending order."""
     return " or ".join(sm_name(a) for a in sorted(archs))
+

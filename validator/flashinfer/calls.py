@@ -5,7 +5,9 @@ Records (``validate-batch check``):
 * ``{"kind": "trtllm_gen_mla", "batch": B, "q_len_per_request": 1, "h_q": 128}`` -
   ``trtllm_batch_decode_with_kv_cache_mla``; ``trtllm_gen_fmha`` for ``trtllm_batch_decode_with_kv_cache``.
 * ``{"kind": "mla_plan", "qo_indptr": [...], "kv_indptr": [...], "kv_len": [...]}`` -
-  ``BatchMLAPagedAttentionWrapper.plan()`` (``kv_len`` optional: one per request).
+  ``BatchMLAPagedAttentionWrapper.plan()`` (``kv_len`` optional: one per request); ``"entry": "module"``
+  for the JIT module's plan called directly (SGLang's CUDA-graph replay path), which skips the
+  checks newer wrappers make in Python.
 """
 from __future__ import annotations
 
@@ -28,7 +30,9 @@ INT32_MAX = 2**31 - 1
 MAX_BATCH = 1 << 24
 MAX_INDPTR = 1 << 22          # entries of an indptr (requests + 1)
 TRTLLM_KEYS = frozenset({"kind", "batch", "q_len_per_request", "h_q", "label", "version"})
-PLAN_KEYS = frozenset({"kind", "qo_indptr", "kv_indptr", "kv_len", "h_q", "label", "version"})
+PLAN_KEYS = frozenset({"kind", "qo_indptr", "kv_indptr", "kv_len", "h_q", "label", "version", "entry"})
+#: how an MLA plan is called: through the wrapper's ``plan()``, or the JIT module's ``plan`` directly
+PLAN_ENTRIES = ("wrapper", "module")
 
 
 def version(name: str | None) -> dict:
@@ -70,13 +74,15 @@ class MlaPlanCall:
     h_q: int = 128
     label: str = ""
     kind: str = "mla_plan"
+    entry: str = "wrapper"
 
     @property
     def batch(self) -> int:
         return int(self.qo_indptr.shape[0]) - 1
 
     def summary(self) -> str:
-        return f"mla_plan batch={self.batch} h_q={self.h_q}"
+        via = "" if self.entry == "wrapper" else f" entry={self.entry}"
+        return f"mla_plan batch={self.batch} h_q={self.h_q}{via}"
 
     def to_record(self) -> dict:
         rec = {"kind": "mla_plan", "batch": self.batch, "h_q": self.h_q}
@@ -85,6 +91,8 @@ class MlaPlanCall:
             rec["kv_indptr"] = self.kv_indptr.tolist()
             if self.kv_len is not None:
                 rec["kv_len"] = self.kv_len.tolist()
+        if self.entry != "wrapper":
+            rec["entry"] = self.entry
         if self.label:
             rec["label"] = self.label
         return rec
@@ -111,11 +119,24 @@ class FlashInferPlan:
         """The FlashInfer function the call is (``rules/flashinfer.json``)."""
         if isinstance(self.call, TrtllmGenCall):
             return self.facts["trtllm_gen"]["entries"][self.call.kind]
-        return self.facts["mla_plan"]["entry"]
+        return self.plan_facts["entry"]
+
+    @property
+    def plan_facts(self) -> dict:
+        """The version's facts for the MLA plan's entry: ``mla_plan``, or its ``module_plan`` for a direct
+        module call (a version without one behaves alike on both entries)."""
+        facts = self.facts["mla_plan"]
+        if isinstance(self.call, MlaPlanCall) and self.call.entry == "module":
+            return facts.get("module_plan", facts)
+        return facts
 
     @property
     def gen(self) -> dict:
         return {"build": self.facts["name"]}
+
+    def fact_scope(self) -> tuple:
+        """Where the rules' facts about this call live: its FlashInfer version."""
+        return "flashinfer", self.facts["name"], self.facts["name"], {}
 
     @property
     def grid(self) -> dict | None:
@@ -181,7 +202,10 @@ def call_from_record(rec: Mapping, prefix: str = "") -> TrtllmGenCall | MlaPlanC
         raise InputError(field_name(prefix, "qo_indptr"), f"expected at least 2 entries (batch + 1), got {qo.shape[0]}")
     kv = _indptr(rec["kv_indptr"], field_name(prefix, "kv_indptr"), qo.shape[0])
     kv_len = None if rec.get("kv_len") is None else _indptr(rec["kv_len"], field_name(prefix, "kv_len"), qo.shape[0] - 1)
-    return MlaPlanCall(qo, kv, kv_len, int_field(rec, "h_q", prefix, 1, 1 << 12, 128), label)
+    entry = rec.get("entry", "wrapper")
+    if entry not in PLAN_ENTRIES:
+        raise InputError(field_name(prefix, "entry"), f"expected one of {', '.join(PLAN_ENTRIES)}, got {echo(entry)}")
+    return MlaPlanCall(qo, kv, kv_len, int_field(rec, "h_q", prefix, 1, 1 << 12, 128), label, entry=entry)
 
 
 def plan(call: TrtllmGenCall | MlaPlanCall | Mapping, gpu: Any = "H200", name: str | None = None,

@@ -29,7 +29,13 @@ def grid_batch_page() -> dict:
              "continues); csrc/trtllm_fmha_kernel_launcher.cu:164 (mBatchSize = batch size)",
       signatures=[
           {"file": "fmhaKernels.cuh", "lines": [451, 451], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent"},
+           "failure": "launch_error_silent", "builds": ["flashinfer-fb28d72"]},
+          {"file": "fmhaKernels.cuh", "lines": [475, 475], "message": "CUDA Error: CUDA_ERROR_\\w+",
+           "failure": "launch_error_silent", "builds": ["flashinfer-python-0.7.2"],
+           "source": "flashinfer-python 0.7.2 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:475 (the launch)"},
+          {"file": "fmhaKernels.cuh", "lines": [478, 478], "message": "CUDA Error: CUDA_ERROR_\\w+",
+           "failure": "launch_error_silent", "builds": ["flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2.post1 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:478 (the launch)"},
       ])
 def trtllm_gen_batch_grid(p: FlashInferPlan):
     """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most {{max_batch}} requests per call.
@@ -85,8 +91,14 @@ def _first_drop(a: np.ndarray) -> int | None:
              "length), include/flashinfer/exception.h:23 (FLASHINFER_ERROR throws), csrc/batch_mla_plan.cu:48-56",
       signatures=[
           {"file": "scheduler.cuh", "lines": [1599, 1599], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
-           "failure": "python_exception"},
+           "failure": "python_exception", "builds": ["flashinfer-fb28d72"]},
+          {"file": "scheduler.cuh", "lines": [1634, 1634], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
+           "failure": "python_exception", "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2 include/flashinfer/attention/scheduler.cuh:1634 (the module plan's check)"},
           {"message": "Error in function 'MLAPlan'", "failure": "python_exception"},
+          {"message": "qo_indptr metadata must be nondecreasing", "failure": "python_exception",
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73 (the wrapper's check)"},
       ])
 def mla_plan_qo_lengths(p: FlashInferPlan):
     """MLA ``plan()``: every request's query length ``qo_indptr[i+1] - qo_indptr[i]`` must be >= 0.
@@ -97,7 +109,10 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
     ## Why it crashes
     ``MLAPlan`` checks each length and throws: ``Error in function 'MLAPlan' at
     .../scheduler.cuh:1599: qo_indptr[i+1]X - qo_indptr[i]Y should be non-negative`` - a Python
-    ``RuntimeError``; recoverable, but the step fails.
+    ``RuntimeError``; recoverable, but the step fails. flashinfer-python 0.7.2's wrapper refuses it
+    first in Python (``ValueError: qo_indptr metadata must be nondecreasing.``); its JIT module's
+    ``plan``, which SGLang calls directly on CUDA-graph replays (``"entry": "module"``), still
+    fails in ``MLAPlan`` (scheduler.cuh:1634).
 
     ## Example
     ``{"kind": "mla_plan", "qo_indptr": [0, 4, 3], "kv_indptr": [0, 1, 2]}``: request 1 has -1 tokens.
@@ -107,7 +122,8 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
     no new tokens has length 0).
 
     ## Source
-    flashinfer fb28d72 ``include/flashinfer/attention/scheduler.cuh:1594-1600``.
+    flashinfer fb28d72 ``include/flashinfer/attention/scheduler.cuh:1594-1600``; flashinfer-python
+    0.7.2 ``flashinfer/mla/_batch_mla/_planning.py:66-73``, ``scheduler.cuh:1629-1635``.
     """
     c = p.call
     if not isinstance(c, MlaPlanCall):
@@ -122,7 +138,7 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
         f"({n} request(s) negative)",
         subject=f"{_subject(p)} request {i}", numbers={"request": i, "qo_len": b - a, "count": n},
         fix="build qo_indptr as the cumulative sum of non-negative query lengths",
-        failure=p.facts["mla_plan"]["qo_failure"])]
+        failure=p.plan_facts["qo_failure"])]
 
 
 @rule("FI003", subject=PLAN_RULE_KIND, added=32,
@@ -132,7 +148,16 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
                       "MLAPlan does not check KV lengths; a negative one never enters the work loop, so the request "
                       "is not scheduled and its output rows are left unwritten"),
       source="flashinfer fb28d72 include/flashinfer/attention/scheduler.cuh:1606 (kv_len taken as given), :1710-1711 "
-             "(work is emitted only while the remaining length is > 0 or exactly 0)")
+             "(work is emitted only while the remaining length is > 0 or exactly 0); flashinfer-python 0.7.2 "
+             "flashinfer/mla/_batch_mla/_planning.py:73, :130 (the wrapper refuses both in Python)",
+      signatures=[
+          {"message": "kv_len_arr metadata must be nonnegative", "failure": "python_exception",
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:130"},
+          {"message": "kv_indptr metadata must be nondecreasing", "failure": "python_exception",
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73"},
+      ])
 def mla_plan_kv_lengths(p: FlashInferPlan):
     """MLA ``plan()``: KV lengths must be >= 0 and ``kv_indptr`` non-decreasing (not checked by FlashInfer).
 
@@ -142,7 +167,10 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
     ## Why it crashes
     ``MLAPlan`` takes the KV lengths as given. A negative one never enters its work loop, so the
     request gets no work item and its output rows are never written (silently wrong); a decreasing
-    ``kv_indptr`` points the request's pages at another request's.
+    ``kv_indptr`` points the request's pages at another request's. flashinfer-python 0.7.2's
+    wrapper refuses both in Python (``ValueError: kv_len_arr metadata must be nonnegative.``,
+    ``kv_indptr metadata must be nondecreasing.``); its JIT module's ``plan``, which SGLang calls
+    directly on CUDA-graph replays (``"entry": "module"``), does not check them.
 
     ## Example
     ``{"kind": "mla_plan", "qo_indptr": [0, 1, 2], "kv_indptr": [0, 3, 2], "kv_len": [130, -2]}``.
@@ -151,7 +179,9 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
     Derive ``kv_len`` and ``kv_indptr`` from the same non-negative sequence lengths.
 
     ## Source
-    flashinfer fb28d72 ``include/flashinfer/attention/scheduler.cuh:1606`` and ``:1710-1711``.
+    flashinfer fb28d72 ``include/flashinfer/attention/scheduler.cuh:1606`` and ``:1710-1711``;
+    flashinfer-python 0.7.2 ``flashinfer/mla/_batch_mla/_planning.py:73``, ``:130``,
+    ``scheduler.cuh:1641``, ``:1745-1746``.
     """
     c = p.call
     if not isinstance(c, MlaPlanCall):
@@ -164,11 +194,11 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
             f"request {i} pages kv_indptr[{i + 1}] - kv_indptr[{i}] expected >= 0, got {b} - {a} = {b - a}",
             subject=f"{_subject(p)} request {i}", numbers={"request": i, "field": "kv_indptr", "value": b - a},
             fix="build kv_indptr as the cumulative sum of each request's page count",
-            failure=p.facts["mla_plan"]["kv_failure"]))
+            failure=p.plan_facts["kv_failure"]))
     if c.kv_len is not None and c.kv_len.shape[0] and int(c.kv_len.min()) < 0:
         j = int(np.argmax(c.kv_len < 0))
         out.append(mla_plan_kv_lengths.rule.finding(
             f"request {j} kv_len expected >= 0, got {int(c.kv_len[j])}",
             subject=f"{_subject(p)} request {j}", numbers={"request": j, "field": "kv_len", "value": int(c.kv_len[j])},
-            fix="pass each request's KV length (>= 0)", failure=p.facts["mla_plan"]["kv_failure"]))
+            fix="pass each request's KV length (>= 0)", failure=p.plan_facts["kv_failure"]))
     return out

@@ -32,14 +32,36 @@ IGNORED_KEYS = frozenset({
 DECODE_KEYS = frozenset({
     "kind", "b", "s_q", "h_q", "h_k", "d_qk", "d_v", "topk", "topk_length", "extra_topk",
     "extra_topk_length", "page", "extra_page", "seqlens", "is_fp8", "causal", "bytes_per_token",
-    "kv_stride", "kv_base_align", "use_legacy", "entry", "enable_batch_invariant",
+    "kv_stride", "kv_base_align", "use_legacy", "entry", "enable_batch_invariant", "block_table", "num_blocks",
 })
+#: the largest block table a record may carry (b x width entries)
+MAX_BLOCK_TABLE = 1 << 24
 PREFILL_KEYS = frozenset({"kind", "s_q", "h_q", "h_kv", "d_qk", "d_v", "topk", "s_kv", "use_legacy"})
 #: decode entry points a record may name: the call itself (scheduler run inside it), the hoisted
 #: metadata op of the builds that have one, and the dense fp8 attention kernel (scheduled by that op)
 ENTRIES = ("flash_mla_with_kvcache", "get_mla_decoding_metadata", "fwd_kvcache_mla_fp8")
 DENSE_FP8_ENTRIES = ("get_mla_decoding_metadata", "fwd_kvcache_mla_fp8")
 KINDS = ("sparse", "dense", "dense_fp8", "prefill")
+
+
+def block_table_field(rec: Mapping[str, Any], b: int, prefix: str) -> np.ndarray | None:
+    """A dense call's ``block_table``: ``b`` rows of one width, int32 page numbers (-1 allowed: the
+    padding engines write), as an int64 ``[b, width]`` array; None when absent."""
+    v = rec.get("block_table")
+    if v is None:
+        return None
+    where = field_name(prefix, "block_table")
+    if not isinstance(v, (list, tuple, np.ndarray)) or len(v) != b:
+        raise InputError(where, f"expected b={b} rows of page numbers, got "
+                         f"{len(v) if isinstance(v, (list, tuple, np.ndarray)) else type(v).__name__}")
+    rows = [int_vector(r, len(r) if isinstance(r, (list, tuple, np.ndarray)) else -1, f"{where}[{i}]")
+            for i, r in enumerate(v)]
+    widths = {r.shape[0] for r in rows}
+    if len(widths) != 1 or 0 in widths:
+        raise InputError(where, f"expected rows of one non-zero width, got widths {sorted(widths)[:4]}")
+    if b * widths.pop() > MAX_BLOCK_TABLE:
+        raise InputError(where, f"expected at most {MAX_BLOCK_TABLE} entries, got {b} rows of {rows[0].shape[0]}")
+    return np.stack(rows)
 
 
 def int_vector(v: Any, n: int, where: str, lo: int = -INT32_MAX - 1, hi: int = INT32_MAX) -> np.ndarray:
@@ -128,6 +150,8 @@ class DecodeCall:
     use_legacy: bool | None = None       # builds with two kernel halves: which one (None: the build's default)
     entry: str = "flash_mla_with_kvcache"
     enable_batch_invariant: bool = False  # the current kernels then never split the KV
+    block_table: np.ndarray | None = None  # dense calls, optional: [b, width] int64, the pages of each request
+    num_blocks: int | None = None          # dense calls, optional: pages in the KV pool (valid pages: 0 .. num_blocks-1)
 
     @property
     def is_sparse(self) -> bool:
@@ -170,6 +194,10 @@ class DecodeCall:
                     rec["extra_page"] = self.extra_page
         else:
             rec["seqlens"] = self.seqlens.tolist() if self.seqlens is not None else None
+            if self.block_table is not None:
+                rec["block_table"] = self.block_table.tolist()
+            if self.num_blocks is not None:
+                rec["num_blocks"] = self.num_blocks
         if self.use_legacy is not None:
             rec["use_legacy"] = self.use_legacy
         if self.entry != "flash_mla_with_kvcache":
@@ -323,7 +351,12 @@ def call_from_record(rec: Any, prefix: str = "") -> KernelCall:
             raise InputError(field_name(prefix, "seqlens"), "missing (dense calls need cache_seqlens, one per request)")
         seqlens = int_vector(rec["seqlens"], b, field_name(prefix, "seqlens"), 0, INT32_MAX)
         return DecodeCall(kind=kind, d_qk=int_field(rec, "d_qk", prefix, 1, 4096, 576), seqlens=seqlens,
-                          is_fp8=bool_field(rec, "is_fp8", prefix, kind == "dense_fp8"), **common)
+                          is_fp8=bool_field(rec, "is_fp8", prefix, kind == "dense_fp8"),
+                          block_table=block_table_field(rec, b, prefix),
+                          num_blocks=int_field(rec, "num_blocks", prefix, 1, INT32_MAX, None), **common)
+    for key in ("block_table", "num_blocks"):
+        if rec.get(key) is not None:
+            raise InputError(field_name(prefix, key), "only dense calls take this field (sparse calls use indices)")
     if rec.get("seqlens") is not None:
         if common["entry"] != "get_mla_decoding_metadata":
             raise InputError(field_name(prefix, "seqlens"), "only dense calls take seqlens (sparse calls use topk/topk_length)")

@@ -27,7 +27,7 @@ def max_rows_per_head(p: Plan) -> int:
     return p.gpu.num_sms // p.call.h_k * p.block_size
 
 
-@rule("FMLA021", shape_only=True, added=35,
+@rule("FMLA021", facts=lambda p: ("build.dense_fp8_partitions", "") if p.is_decode and p.call.kind == "dense_fp8" else (), shape_only=True, added=35,
       title="dense fp8 scheduler: s_q*h_q/h_k above num_sms/h_k*64 leaves no partition on builds that do not "
             "clamp the count to 1",
       failure=Failure("device_assert",

@@ -214,6 +214,11 @@ class Plan:
     def is_decode(self) -> bool:
         return isinstance(self.call, DecodeCall)
 
+    def fact_scope(self) -> tuple:
+        """Where the rules' facts about this call live: its generation, on its build (see
+        :mod:`validate_batch.facts.provenance`)."""
+        return "flashmla", self.gen["name"], self.gen["build"], {}
+
     @property
     def block_size(self) -> int:
         return self.gen["block_size"]

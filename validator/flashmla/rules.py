@@ -13,6 +13,32 @@ from .plan import plan as make_plan
 from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
 
 
+def _facts(when, *paths):
+    """A rule's facts (:mod:`validate_batch.facts.provenance`): ``paths`` on the plans ``when(plan)``
+    holds for, none on the others (the rule cannot fire there)."""
+    return lambda p: paths if when(p) else ()
+
+
+def _decode(p) -> bool:
+    return p.is_decode
+
+
+def _sparse(p) -> bool:
+    return p.is_decode and p.call.kind == "sparse"
+
+
+def _dense(p) -> bool:
+    return p.is_decode and p.call.kind in ("dense", "dense_fp8")
+
+
+def _dense_fp8(p) -> bool:
+    return p.is_decode and p.call.kind == "dense_fp8"
+
+
+def _prefill(p) -> bool:
+    return isinstance(p.call, SparsePrefillCall)
+
+
 def _int_max(bits: int) -> int:
     """Largest value of a signed ``bits``-bit integer."""
     return (1 << (bits - 1)) - 1
@@ -70,7 +96,7 @@ SCHED_SMEM_SIGNATURES = (
 )
 
 
-@rule("FMLA001", reads="rows", added=1, page=sched_smem_page,
+@rule("FMLA001", facts=_facts(_decode, 'sched_smem', 'failures'), reads="rows", added=1, page=sched_smem_page,
       title="scheduler shared memory: query rows above the GPU's opt-in limit",
       failure=Failure("process_exit",
                       "raising the scheduling kernel's shared-memory limit fails, the library prints 'CUDA error "
@@ -137,7 +163,7 @@ def oaccum_safe_rows(p: Plan) -> int | None:
     return max(_int_max(acc["offset_bits"]) // stride - p.num_sm_parts + 1, 0)
 
 
-@rule("FMLA002", reads="schedule", safe_rows=oaccum_safe_rows, added=2,
+@rule("FMLA002", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'oaccum', 'idle_begin_block', ''), reads="schedule", safe_rows=oaccum_safe_rows, added=2,
       title="32-bit o_accum row offset overflows for a split request",
       failure=Failure("illegal_memory_access",
                       "'CUDA error (.../combine.cu:197): an illegal memory access was encountered', exit(1); the "
@@ -206,7 +232,7 @@ def oaccum_offset(p: Plan):
     )]
 
 
-@rule("FMLA003", reads="lengths", added=3,
+@rule("FMLA003", facts=_facts(_sparse, 'failures'), reads="lengths", added=3,
       title="per-request topk_length / extra_topk_length outside [0, width]",
       failure=Failure("undefined_behaviour",
                       "reads past the row of indices; measured: illegal memory access at combine.cu:197 (exit(1)) "
@@ -266,7 +292,7 @@ def topk_length_range(p: Plan):
     return out
 
 
-@rule("FMLA004", shape_only=True, added=4,
+@rule("FMLA004", facts=_facts(_sparse, 'topk_block', 'failures'), shape_only=True, added=4,
       title="topk (or SM100 head64 extra_topk) not a multiple of 64",
       failure=Failure("process_crash",
                       "a host assertion that topk is a multiple of the top-k block fails, then SIGSEGV",
@@ -321,7 +347,7 @@ def topk_alignment(p: Plan):
     return out
 
 
-@rule("FMLA005", shape_only=True, added=5,
+@rule("FMLA005", facts=_facts(_sparse, 'sparse_shapes', 'kv_layouts', 'failures'), shape_only=True, added=5,
       title="unsupported head count or head dimension for sparse decode",
       failure=Failure("process_crash", also=("python_exception",), message="Segmentation fault|SIGSEGV",
                       text="process_crash for h_q outside {64, 128} (SIGSEGV, no message); python_exception for d_qk "
@@ -372,7 +398,7 @@ def sparse_heads(p: Plan):
             for name, value, allowed, fix in checks if value not in allowed]
 
 
-@rule("FMLA006", shape_only=True, added=6,
+@rule("FMLA006", facts=_facts(lambda p: _sparse(p) and p.call.d_qk == 576, 'kv_layouts'), shape_only=True, added=6,
       title="V3.2 KV layout (d_qk 576) on SM90 with topk_length or an extra KV cache",
       failure=Failure("process_crash",
                       "host assertion ('V3.2 does not support dynamic topk length' / 'extra KV cache') then SIGSEGV",
@@ -426,7 +452,7 @@ def v32_layout(p: Plan):
     return out
 
 
-@rule("FMLA007", shape_only=True, added=7,
+@rule("FMLA007", facts=lambda p: (('kv_layouts', 'kv_checks') if p.gpu.arch >= 10 else ('kv_layouts',)) if _sparse(p) else (), shape_only=True, added=7,
       title="KV cache layout: row stride or alignment does not match the layout",
       failure=Failure("python_exception", also=("process_crash",), text="python_exception or host assertion"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h (token stride equal to bytes_per_token; SM100 block stride a "
@@ -484,7 +510,7 @@ def combine_parts_page() -> dict:
     return {"max_parts": p.gen["combine"]["max_num_sm_parts"]}
 
 
-@rule("FMLA008", shape_only=True, added=8, page=combine_parts_page,
+@rule("FMLA008", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'combine.max_num_sm_parts'), shape_only=True, added=8, page=combine_parts_page,
       title="more partitions than the combine kernel dispatches",
       failure=Failure("process_exit", "the combine dispatch has no case for num_sm_parts > 160 and calls exit(1)",
                       site="combine.cu:183"),
@@ -528,7 +554,7 @@ def combine_parts(p: Plan):
         fix="use a FlashMLA build whose combine kernel covers this many partitions")]
 
 
-@rule("FMLA009", shape_only=True, added=9,
+@rule("FMLA009", facts=('param_int_bits', 'oaccum'), shape_only=True, added=9,
       title="a tensor stride does not fit in int32",
       failure=Failure("python_exception", "stride check on the host", message="Stride exceeds int32 limit"),
       source="FlashMLA 9241ae3 csrc/api/ (int32 stride parameters), read from source",
@@ -583,7 +609,7 @@ def int32_strides(p: Plan):
     return out
 
 
-@rule("FMLA010", reads="rows", added=10,
+@rule("FMLA010", facts=_facts(lambda p: p.is_decode and p.runs_attention, ''), reads="rows", added=10,
       title="split-KV workspace larger than the GPU's memory",
       severity="warning",
       failure=Failure("python_exception", "CUDA out of memory while allocating lse_accum/o_accum",
@@ -632,7 +658,7 @@ def workspace(p: Plan):
     return None
 
 
-@rule("FMLA011", shape_only=True, added=11,
+@rule("FMLA011", facts=_facts(_dense, 'dense'), shape_only=True, added=11,
       title="dense decode outside its envelope (SM90 only, page block 64)",
       failure=Failure("python_exception"),
       source="FlashMLA 9241ae3 csrc/api/dense_decode.h, read from source")
@@ -672,7 +698,7 @@ def dense_envelope(p: Plan):
     return out
 
 
-@rule("FMLA012", shape_only=True, added=12,
+@rule("FMLA012", facts=_facts(_sparse, 'sparse_requires'), shape_only=True, added=12,
       title="sparse decode needs an fp8 KV cache and causal=False",
       failure=Failure("python_exception"),
       source="FlashMLA 9241ae3 flash_mla_interface.py / csrc/api/sparse_decode.h, read from source")
@@ -710,7 +736,7 @@ def sparse_requirements(p: Plan):
     return out
 
 
-@rule("FMLA013", shape_only=True, added=13,
+@rule("FMLA013", facts=lambda p: ('', 'prefill_archs') if _prefill(p) else ('',), shape_only=True, added=13,
       title="no FlashMLA decode implementation for this GPU and shape",
       failure=Failure("python_exception", "unsupported architecture / shape", message="only supported on SM100f"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h and dense_decode.h (SM90 and SM100 only)",
@@ -765,7 +791,7 @@ def implementation_exists(p: Plan):
         fix=f"use an {sm_list(archs)} GPU and a supported head count")]
 
 
-@rule("FMLA014", reads="rows", added=14,
+@rule("FMLA014", facts=_facts(_prefill, 'failures'), reads="rows", added=14,
       title="sparse prefill (flash_mla_sparse_fwd) with zero query rows",
       failure=Failure("process_crash", also=("python_exception",),
                       message="TMA Desc Addr|Failed to initialize the TMA descriptor",
@@ -814,13 +840,51 @@ def sparse_prefill_rows(p: Plan):
                                              numbers={"s_q": 0, "min": 1}, fix="do not launch the kernel for an empty chunk")]
 
 
+@rule("FMLA023", facts=_facts(lambda p: _prefill(p) and "prefill_heads" in p.gen, 'prefill_heads'), shape_only=True,
+      added=37, title="sparse prefill (flash_mla_sparse_fwd): query heads the build's prefill kernel takes",
+      failure=Failure("python_exception", site="sparse_prefill.cpp:198", message="Unsupported h_q"),
+      source="measured on an H200 with sgl-flash-mla 1.0.0: h_q 32 raises 'Unsupported h_q: 32', 64 and 128 run; "
+             "vLLM 0.33's copy ran h_q 32 (fixtures/measured/h200_gap_probes.jsonl)",
+      signatures=[{"file": "sparse_prefill.cpp", "lines": [198, 198], "message": "Unsupported h_q",
+                   "failure": "python_exception", "builds": ["sgl-flash-mla-1.0.0"],
+                   "source": "measured on an H200 with sgl-flash-mla 1.0.0 (h200_gap_probes, prefill_h_q 32)"}])
+def prefill_heads(p: Plan):
+    """``flash_mla_sparse_fwd``: the query head counts a build's sparse prefill kernel is built for.
+
+    ## What it checks
+    Builds that list ``prefill_heads`` in their facts take only those ``h_q`` in the sparse prefill
+    entry. Builds without the fact are not judged here (vLLM 0.33's copy runs h_q 32).
+
+    ## Why it crashes
+    The entry refuses any other head count with a Python ``RuntimeError`` ('Unsupported h_q'); the
+    step fails but the process lives.
+
+    ## Example
+    ``{"kind": "prefill", "s_q": 16, "h_q": 32, "d_qk": 512, "topk": 512}`` on sgl-flash-mla 1.0.0.
+
+    ## Fix
+    Pad the query heads to a supported count (64 or 128), or route the call to a build that takes it.
+
+    ## Source
+    Measured on an H200 with sgl-flash-mla 1.0.0 (``fixtures/measured/h200_gap_probes.jsonl``).
+    """
+    c = p.call
+    fact = p.gen.get("prefill_heads")
+    if fact is None or not isinstance(c, SparsePrefillCall) or c.h_q in fact["h_q"]:
+        return None
+    return [prefill_heads.rule.finding(
+        f"query heads expected {_or(fact['h_q'])} on {p.gen['build']}'s sparse prefill kernel, got {c.h_q}",
+        subject=_subject(p), numbers={"h_q": c.h_q, "allowed": list(fact["h_q"])},
+        fix=f"pad h_q to {_or(fact['h_q'])}", failure=fact["failure"])]
+
+
 def sched_fallback_page() -> dict:
     """The numbers FMLA015's page quotes: sgl-flash-mla 1.0.0's fast scheduler on an H200."""
     p = _page_plan("sgl-flash-mla-1.0.0")
     return {"fast_rows": p.fast_sched_rows}
 
 
-@rule("FMLA015", reads="rows", added=15, page=sched_fallback_page,
+@rule("FMLA015", facts=_facts(lambda p: p.is_decode and p.falls_back, 'sched_smem.fallback', 'sched_smem'), reads="rows", added=15, page=sched_fallback_page,
       title="scheduler falls back to the low-shared-memory kernel (slow, legal)",
       severity="warning",
       source="sgl-flash-mla 1.0.0 legacy kernels and sgl-kernel's vendored copy; measured on H200 with sgl-flash-mla "
@@ -871,7 +935,7 @@ def static_batch_page() -> dict:
     return {"max_b": p.gen["max_batch"]["max_b"]}
 
 
-@rule("FMLA016", reads="rows", added=16, page=static_batch_page,
+@rule("FMLA016", facts=_facts(lambda p: p.is_decode and bool(p.gen['sched_smem'].get('static')), 'max_batch'), reads="rows", added=16, page=static_batch_page,
       title="static scheduler arrays: more requests than the dense fp8 scheduler takes",
       failure=Failure("process_exit",
                       "the dense fp8 scheduler's assertion that the batch fits its static arrays fails "
@@ -924,7 +988,7 @@ def combine_grid_page() -> dict:
             "s_q_128": lim["y"] * per // 128, "s_q_64": lim["y"] * per // 64}
 
 
-@rule("FMLA017", reads="rows", added=25, page=combine_grid_page,
+@rule("FMLA017", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'combine.grid', 'combine_heads_per_block'), reads="rows", added=25, page=combine_grid_page,
       title="combine kernel launch grid exceeds CUDA's grid limits (s_q*h_q/8 on gridDim.y before upstream PR #182)",
       failure=Failure("process_exit",
                       "the combine launch is refused (a grid dimension over its limit: 'invalid configuration "
@@ -1014,7 +1078,7 @@ def combine_grid(p: Plan):
     return out
 
 
-@rule("FMLA018", subject=REUSE_KIND, added=26,
+@rule("FMLA018", facts=(), subject=REUSE_KIND, added=26,
       title="FlashMLASchedMeta reused after the shapes or per-request lengths it was planned for changed",
       failure=Failure("silent_wrong",
                       "a schedule planned for other per-row lengths (topk_length, extra_topk_length, cache_seqlens) "
@@ -1081,7 +1145,7 @@ def sched_meta_reuse(s: ReuseCheck):
         fix="make a new FlashMLASchedMeta whenever the lengths change (the library does not compare them)")]
 
 
-@rule("FMLA019", subject=INDICES_KIND, added=27,
+@rule("FMLA019", facts=(), subject=INDICES_KIND, added=27,
       title="sparse decode index outside the KV cache (only exactly -1 is skipped)",
       failure=Failure("illegal_memory_access",
                       "an index other than -1 outside [0, num_blocks*page_size) is turned into a block and row "
@@ -1136,66 +1200,162 @@ def decode_indices(s: IndicesCheck):
         fix="fill unused index slots with -1 and keep indices below num_blocks * page_size")]
 
 
-@rule("FMLA020", reads="lengths", added=34,
+@rule("FMLA020", facts=_facts(lambda p: _dense_fp8(p) and p.runs_attention, 'empty_row_read'), reads="lengths", added=34,
       title="dense fp8 attention (fwd_kvcache_mla_fp8): a request with cache_seqlens 0 (a CUDA-graph padding row) "
             "reads the block-table entry before its row and the page it names",
-      failure=Failure("illegal_memory_access",
-                      "a request with cache_seqlens 0 inside a partition starts one block before its first: the "
-                      "kernel reads the block-table entry just before the row's (before the whole table for row 0) "
-                      "and copies a 64-token tile of the page it names; with CUDA-graph padding rows whose "
-                      "block_table is -1 that is the page before the KV pool (out of bounds), otherwise another "
-                      "request's page (silent)",
-                      message="illegal memory access"),
+      failure=Failure("undefined_behaviour",
+                      "a request with cache_seqlens 0 starts one block before its first: the kernel reads the "
+                      "block-table entry just before its row (the previous row's last entry; before the table for "
+                      "row 0) and loads K from the page it names: a page outside the pool is an out-of-bounds "
+                      "read (-1: silent, memcheck reports it; far outside: an illegal memory access)",
+                      also=("illegal_memory_access",), message="illegal memory access"),
       source="vllm-project/FlashMLA 46d64a8 csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:292, :414-415, "
-             ":455-458; flash_fwd_mla_metadata.cu:20, :43 (a 0-block request is still placed in a partition); the "
-             "TMA-based dense kernels (1408756 csrc/sm90/decode/dense/splitkv_mla.cu:1091, 9241ae3 "
-             "splitkv_mla.cuh:1082) hand the page to a TMA load whose out-of-range coordinates are zero-filled",
+             ":455-458; measured on an H200 with vLLM 0.33 under compute-sanitizer (the previous row's last entry "
+             "decides: -1 there is an invalid read, a valid page is not; a page 2^20 past the pool crashes)",
       signatures=[
           {"message": "illegal memory access", "failure": "illegal_memory_access",
            "builds": ["sgl-flash-mla-1.0.0", "vllm-0.33"],
-           "source": "vLLM's FlashMLA 46d64a8 flash_fwd_mla_kernel.h:292, :414-415, :455-458: a length-0 row reads "
-                     "the block-table entry before its row (read from source, not measured)"},
+           "source": "measured on an H200 with vLLM 0.33 (fixtures/measured/vllm033_h200_densefp8_padding_memcheck_"
+                     "probes.jsonl): length-0 rows after a row whose last block-table entry is 2^20"},
       ])
 def empty_dense_row(p: Plan):
-    """Dense fp8 decode: every request needs ``cache_seqlens >= 1`` (CUDA-graph padding rows too).
+    """Dense fp8 decode: a request with ``cache_seqlens`` 0 reads the page its neighbour's last block names.
 
     ## What it checks
     The dense fp8 attention kernel (``fwd_kvcache_mla_fp8``, FlashMLA's first-generation kernel; a
     ``dense_fp8`` record with ``"entry": "fwd_kvcache_mla_fp8"``) is judged for requests of length 0,
     which engines create when they pad a batch up to a captured CUDA graph. The first-generation
     scheduler still places a 0-block request in a partition; the metadata op alone is fine with it.
+    With the call's ``block_table`` (and ``num_blocks``, the pool's pages) the rule decides each
+    empty request from the entry it reads; without them it flags every empty request.
 
     ## Why it crashes
     For an empty request the kernel's first block is one before the request's first block: it reads
-    the block-table entry just before the request's row (before the whole table for request 0) and
-    copies a 64-token tile from the page that entry names. With padding rows
-    whose ``block_table`` is -1 that is the page before the KV pool: an illegal memory access, or a
-    silent read of another request's page. The TMA-based kernels (dense SM90 of 1408756 / 9241ae3)
-    pass the page to a TMA load, whose out-of-range coordinates are zero-filled: no fault there.
+    the block-table entry just before the request's row, which is the previous request's last entry
+    (for request 0, the word before the table), and loads a 64-token tile of K from that page. A
+    valid page there is harmless (the result is masked); -1 (what CUDA-graph padding writes) is the
+    page before the KV pool: an out-of-bounds read that a plain run does not notice and memcheck
+    reports; a page far outside the pool is an illegal memory access that kills the process. For
+    request 0 the page is whatever memory precedes the table: measured an illegal memory access
+    with sgl-flash-mla 1.0.0 and nothing with vLLM 0.33's copy, on the same layout.
 
     ## Example
     ``{"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
-    "seqlens": [900, 12, 0, 0]}``: two padding rows.
+    "seqlens": [900, 12, 0, 0]}`` with padding rows of -1: request 3 reads request 2's -1.
 
     ## Fix
-    Pad with ``cache_seqlens = 1`` and a valid dummy page in ``block_table`` (or trim the padding rows).
+    Give padding rows ``cache_seqlens = 1`` and a valid dummy page in every block-table entry (or
+    trim them); with length-0 rows, keep the last entry of the row before each one a valid page.
 
     ## Source
     vllm-project/FlashMLA 46d64a8 ``csrc/extension/sm90/dense_fp8/flash_fwd_mla_kernel.h:292``,
-    ``:414-415``, ``:455-458``; read from source, not measured.
+    ``:414-415``, ``:455-458``; measured on an H200 with vLLM 0.33 (13 padding layouts, plain and
+    under compute-sanitizer memcheck).
     """
     c = p.call
     fact = p.gen.get("empty_row_read")
     if fact is None or not isinstance(c, DecodeCall) or c.entry != fact["entry"] or c.seqlens is None \
             or not c.seqlens.shape[0]:
         return None
-    empty = c.seqlens == 0
-    if not empty.any():
+    empty = np.flatnonzero(c.seqlens == 0)
+    if not empty.shape[0]:
         return None
-    i = int(empty.argmax())
-    return [empty_dense_row.rule.finding(
-        f"request {i} cache_seqlens expected >= 1 on {p.gen['build']}'s dense fp8 kernel, got 0 "
-        f"({int(empty.sum())} empty request(s): it reads the block-table entry before request {i}'s row, and that page)",
-        subject=f"{_subject(p)} request {i}", numbers={"request": i, "count": int(empty.sum())},
-        fix="pad CUDA-graph rows with cache_seqlens 1 and a valid dummy page, or trim them",
-        failure=fact["failure"])]
+    build = p.gen["build"]
+    if c.block_table is None:
+        i = int(empty[0])
+        return [empty_dense_row.rule.finding(
+            f"request {i} cache_seqlens expected >= 1 on {build}'s dense fp8 kernel, got 0 ({empty.shape[0]} empty "
+            f"request(s)): it reads the block-table entry before its row and loads that page; give block_table "
+            f"(and num_blocks) to decide whether that page is inside the pool",
+            subject=f"{_subject(p)} request {i}", numbers={"request": i, "count": int(empty.shape[0])},
+            fix="pad CUDA-graph rows with cache_seqlens 1 and a valid dummy page, or trim them",
+            failure=fact["failure"])]
+    out = []
+    pool = c.num_blocks
+    bad = []
+    for i in (int(r) for r in empty):
+        if i == 0:
+            continue                       # the word before the table: not known from the call (see below)
+        page = int(c.block_table[i - 1, -1])
+        if page < 0 or (pool is not None and page >= pool):
+            bad.append((i, page))
+    if bad:
+        i, page = bad[0]
+        far = page >= (pool or 0) and page >= 0
+        where = f"past the pool of {pool} pages" if far else "before the KV pool"
+        out.append(empty_dense_row.rule.finding(
+            f"request {i} has cache_seqlens 0 and reads page {page} (request {i - 1}'s last block-table entry): "
+            f"expected a page in 0..{(pool - 1) if pool else 'num_blocks-1'}, got {page}, {where} "
+            f"({len(bad)} such request(s))",
+            subject=f"{_subject(p)} request {i}", numbers={"request": i, "page": page, "count": len(bad)},
+            fix=f"make request {i - 1}'s last block-table entry a valid page, or pad with cache_seqlens 1 and "
+                f"valid pages",
+            failure=("illegal_memory_access: a page past the pool (measured: 2^20 past a 15-page pool crashes both builds)"
+                     if far else "undefined_behaviour: an out-of-bounds read of the page before the KV pool, silent in "
+                     "some runs (compute-sanitizer memcheck reports it) and an illegal_memory_access in others "
+                     "(measured on vLLM 0.33 and sgl-flash-mla 1.0.0)")))
+    if empty[0] == 0:
+        out.append(empty_dense_row.rule.finding(
+            "request 0 has cache_seqlens 0: it reads the word before the block table as a page number, whatever "
+            "memory holds there (expected a request of >= 1 token first, got 0; measured: an illegal memory "
+            "access with sgl-flash-mla 1.0.0, nothing reported with vLLM 0.33's copy in the same layout)",
+            subject=f"{_subject(p)} request 0", numbers={"request": 0},
+            fix="put a non-empty request first, or pad with cache_seqlens 1 and valid pages",
+            failure="undefined_behaviour: the page is whatever word precedes the block table (measured: an "
+                    "illegal_memory_access on sgl-flash-mla 1.0.0, silent on vLLM 0.33)"))
+    return out or None
+
+
+@rule("FMLA022", facts=_facts(lambda p: _dense_fp8(p) and p.runs_attention, 'page_range'), reads="lengths", added=36,
+      title="dense fp8 attention (fwd_kvcache_mla_fp8): a request's block-table entries within its length must be "
+            "pages of the pool",
+      failure=Failure("undefined_behaviour",
+                      "the kernel loads K from every page a request's length covers: -1 reads the page before the "
+                      "pool (silent, memcheck reports it), a page past the pool can be an illegal memory access",
+                      also=("illegal_memory_access",)),
+      source="measured on an H200 with vLLM 0.33 under compute-sanitizer: requests of length 1 whose block table "
+             "is -1 (padding with length 1) are invalid reads")
+def dense_fp8_pages(p: Plan):
+    """Dense fp8 decode: every page a request's ``cache_seqlens`` covers is a page of the KV pool.
+
+    ## What it checks
+    With the call's ``block_table`` (and ``num_blocks``), the first ``ceil(cache_seqlens / page)``
+    entries of each request's row are pages in ``0 .. num_blocks-1`` (``>= 0`` without
+    ``num_blocks``).
+
+    ## Why it crashes
+    The kernel loads each page the request's length covers. A -1 entry (the padding engines write)
+    is the page before the pool: an out-of-bounds read that a plain run does not notice and
+    compute-sanitizer's memcheck reports; a page far past the pool is an illegal memory access.
+
+    ## Example
+    ``"seqlens": [900, 12, 1, 1]`` with rows 2 and 3 of the block table -1: padding with length 1 and
+    no valid page.
+
+    ## Fix
+    Point padding rows at a valid dummy page.
+
+    ## Source
+    Measured on an H200 with vLLM 0.33 (``fixtures/measured/vllm033_h200_densefp8_padding_memcheck_probes.jsonl``).
+    """
+    c = p.call
+    fact = p.gen.get("page_range")
+    if fact is None or not isinstance(c, DecodeCall) or c.entry != fact["entry"] or c.block_table is None:
+        return None
+    width = c.block_table.shape[1]
+    used = np.minimum(-(-c.seqlens // c.page), width)
+    cols = np.arange(width)[None, :] < used[:, None]
+    pool = c.num_blocks
+    bad = cols & ((c.block_table < 0) | ((c.block_table >= pool) if pool is not None else False))
+    rows = np.flatnonzero(bad.any(axis=1))
+    if not rows.shape[0]:
+        return None
+    i = int(rows[0])
+    j = int(np.flatnonzero(bad[i])[0])
+    page = int(c.block_table[i, j])
+    return [dense_fp8_pages.rule.finding(
+        f"request {i} block_table[{j}] expected a page in 0..{(pool - 1) if pool else 'num_blocks-1'} "
+        f"(its {int(c.seqlens[i])} tokens cover {int(used[i])} page(s)), got {page} ({rows.shape[0]} request(s))",
+        subject=f"{_subject(p)} request {i}", numbers={"request": i, "entry": j, "page": page,
+                                                       "count": int(rows.shape[0])},
+        fix="point every entry a request's length covers at a page of the pool (a dummy page for padding)")]

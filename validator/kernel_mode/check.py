@@ -22,6 +22,7 @@ The run as a whole (``summary.status``): ``disagree`` when any call disagrees or
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -36,7 +37,7 @@ from ..flashmla.plan import plan as make_plan
 from ..facts.knowledge import GPU
 from .outcome import OUTCOMES, RunResult
 from .providers import Detection, Provider, detect
-from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs
+from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs, run_jobs_served
 from .slot_probe import probe_slot_index
 
 LEGAL_KEY = "(no error)"
@@ -353,9 +354,20 @@ def summarize(entries: Sequence[dict]) -> dict:
             "fallback_used": fallback}
 
 
+def predicted_fatal(p: Plan) -> bool:
+    """Whether the model expects the call to fail in a way that can end or poison its process (all
+    but a recoverable Python exception): such a call runs in a child of its own."""
+    mv = model_view(p)
+    return mv.verdict != "legal" and any(k != "python_exception" for k in (mv.expected_failures or ("?",)))
+
+
 def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT_TIMEOUT_S,
-              child: ChildSpec | None = None, max_parallel: int = 1, console=None) -> dict:
-    """Run the plans' calls with a detected provider and build the full result."""
+              child: ChildSpec | None = None, max_parallel: int = 1, console=None, served: bool = True) -> dict:
+    """Run the plans' calls with a detected provider and build the full result.
+
+    ``served`` (the default): long-lived children take the calls the model expects to run or to
+    raise, and are replaced after any outcome that may poison the CUDA context; a call the model
+    expects to be fatal runs in a fresh child of its own. Otherwise every call gets a fresh child."""
     provider = det.provider
     base_gpu = plans[0].gpu if plans else None
     gpu = gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
@@ -363,17 +375,27 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
     jobs = [job_for(p.call, provider) for p in replanned]
     lock = threading.Lock()
     done = [0]
+    t0 = time.monotonic()
 
     def progress(i: int, r: RunResult) -> None:
         if console is None:
             return
         with lock:
             done[0] += 1
+            spent = max(time.monotonic() - t0, 1e-9)
+            rate = done[0] / spent
+            eta = (len(jobs) - done[0]) / rate
             msg = f": {r.message}" if r.message and not r.is_ok else ""
-            console.print(f"kernel [{done[0]}/{len(jobs)}] call {i} ({replanned[i].call.summary()}): "
-                          f"{r.outcome} in {r.elapsed_s:.1f} s{msg}", markup=False, highlight=False)
+            console.print(f"kernel [{done[0]}/{len(jobs)}, {rate:.1f} calls/s, ETA {eta:.0f} s] call {i} "
+                          f"({replanned[i].call.summary()}): {r.outcome} in {r.elapsed_s:.2f} s{msg}",
+                          markup=False, highlight=False)
 
-    results = run_jobs(jobs, timeout, child, max_parallel, progress)
+    if served:
+        fatal = [predicted_fatal(p) for p in replanned]
+        results = run_jobs_served(jobs, timeout, child, max_parallel, progress, alone=lambda i: fatal[i])
+    else:
+        results = run_jobs(jobs, timeout, child, max_parallel, progress)
+    wall = time.monotonic() - t0
     entries = [compare_call(i, p, r) for i, (p, r) in enumerate(zip(replanned, results))]
     summary = summarize(entries)
     return {
@@ -387,6 +409,9 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
         "gpu_replanned": bool(base_gpu is not None and gpu is not None and not _same_gpu(base_gpu, gpu)),
         "timeout_s": timeout,
         "calls": entries,
+        "children": "served" if served else "one per call",
+        "wall_s": round(wall, 3),
+        "calls_per_s": round(len(jobs) / wall, 2) if wall > 0 else None,
         "summary": summary,
         "status": summary["status"],
         "agreement": summary["all_agree"],
@@ -394,7 +419,7 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
 
 
 def kernel_check_report(report, console=None, *, provider: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
-                        max_parallel: int = 1, child: ChildSpec | None = None) -> dict:
+                        max_parallel: int = 1, child: ChildSpec | None = None, served: bool = True) -> dict:
     """Run each call of ``report`` on the real kernels; a JSON-able result (never a traceback).
 
     Without torch, a CUDA GPU or FlashMLA the result is ``{"available": false, "reason": ...}``.
@@ -416,7 +441,8 @@ def kernel_check_report(report, console=None, *, provider: str = "auto", timeout
         console.print(f"kernel mode: {p.build or p.module} via {p.module} ({p.api} API) on {det.device.get('name')} "
                       f"sm{''.join(map(str, det.device.get('cc', [])))}, {det.device.get('num_sms')} SMs; "
                       f"{len(plans)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
-    result = run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console)
+    result = run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console,
+                       served=served)
     if slots is not None:
         result["slot_buffers"] = slots
     return result

@@ -10,6 +10,8 @@ MARKER = "@@validate-batch"
 STAGE_PREFIX = f"{MARKER} stage "
 PARTIAL_PREFIX = f"{MARKER} partial "
 RESULT_PREFIX = f"{MARKER} result "
+#: a serving child (``worker --serve``) prints this before each job it takes, then the job's lines
+BEGIN_PREFIX = f"{MARKER} begin "
 
 
 class Unavailable(Exception):

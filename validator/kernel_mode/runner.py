@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import selectors
 import signal
 import subprocess
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .outcome import RunResult, classify
+from .protocol import BEGIN_PREFIX, RESULT_PREFIX
 
 DEFAULT_TIMEOUT_S = 120.0
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]   # the folder that holds the ``validator`` package
@@ -249,4 +252,202 @@ def run_jobs(jobs: Sequence[dict], timeout: float = DEFAULT_TIMEOUT_S, child: Ch
     else:
         with ThreadPoolExecutor(max_workers=max_parallel) as pool:
             list(pool.map(one, range(len(jobs))))
+    return [r for r in results if r is not None]
+
+
+# ----------------------------------------------------------------------------- long-lived children
+
+#: outcomes after which a serving child is kept: nothing in them can have poisoned its CUDA context
+KEEP_AFTER = frozenset({"ok", "python_exception", "unsupported", "unavailable"})
+
+
+def poisons(res: RunResult) -> bool:
+    """Whether a child that produced ``res`` must not take another job: any process-level failure, a
+    timeout or unreadable output, and a Python exception that names a CUDA error (its context may
+    be left in an error state)."""
+    if res.outcome not in KEEP_AFTER:
+        return True
+    return res.outcome == "python_exception" and "cuda" in (res.message or "").lower()
+
+
+class ServingChild:
+    """One ``worker --serve`` child: jobs go in one per line, each job's lines come back between its
+    ``begin`` marker and its result line, and are classified as a one-job child's would be."""
+
+    def __init__(self, child: ChildSpec):
+        self.spec = child
+        self.jobs = 0
+        self.proc = subprocess.Popen(child.command() + ["--serve"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, env=child.environment(), start_new_session=True)
+        for f in (self.proc.stdout, self.proc.stderr):
+            os.set_blocking(f.fileno(), False)
+        self._line = bytearray()
+
+    def close(self) -> None:
+        """End the child (its stdin closed first, so an idle one leaves by itself) and reap it."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.proc.wait(timeout=DRAIN_GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.poll() is None:
+            _kill_group(self.proc)
+        for f in (self.proc.stdout, self.proc.stderr):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            self.proc.wait(timeout=DRAIN_GRACE_S)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+
+    def run(self, job: dict, timeout: float) -> tuple[RunResult, bool]:
+        """Run one job; ``(result, whether the child can take another)``. Never raises for anything
+        the child does."""
+        started = time.monotonic()
+        deadline = started + timeout
+        out, err = CappedBuffer(*STDOUT_CAP), CappedBuffer(*STDERR_CAP)
+        data = memoryview((json.dumps(job) + "\n").encode())
+        pos = 0
+        done = timed_out = False
+        stop_at: float | None = None
+        sel = selectors.DefaultSelector()
+        out_fd, err_fd, in_fd = self.proc.stdout.fileno(), self.proc.stderr.fileno(), self.proc.stdin.fileno()
+        sel.register(out_fd, selectors.EVENT_READ)
+        sel.register(err_fd, selectors.EVENT_READ)
+        try:
+            os.set_blocking(in_fd, False)
+            sel.register(in_fd, selectors.EVENT_WRITE)
+        except (OSError, ValueError):
+            pos = len(data)
+        try:
+            while not done:
+                now = time.monotonic()
+                if stop_at is None:
+                    if self.proc.poll() is not None:
+                        stop_at = now + DRAIN_GRACE_S
+                    elif now >= deadline:
+                        timed_out = True
+                        _kill_group(self.proc)
+                        stop_at = now + DRAIN_GRACE_S
+                if stop_at is not None and now >= stop_at:
+                    break
+                if not any(k.fd in (out_fd, err_fd) for k in sel.get_map().values()):
+                    break
+                limit = stop_at if stop_at is not None else deadline
+                for key, _ in sel.select(max(0.0, min(POLL_S, limit - now))):
+                    if key.fd == in_fd:
+                        try:
+                            pos += os.write(in_fd, data[pos:pos + READ_CHUNK])
+                        except BlockingIOError:
+                            continue
+                        except OSError:
+                            pos = len(data)
+                        if pos >= len(data):
+                            sel.unregister(in_fd)
+                        continue
+                    try:
+                        chunk = os.read(key.fd, READ_CHUNK)
+                    except BlockingIOError:
+                        continue
+                    except OSError:
+                        chunk = b""
+                    if not chunk:
+                        sel.unregister(key.fd)
+                        continue
+                    if key.fd == err_fd:
+                        err.write(chunk)
+                        continue
+                    self._line += chunk
+                    while b"\n" in self._line:
+                        ln, _, rest = bytes(self._line).partition(b"\n")
+                        self._line = bytearray(rest)
+                        text = ln.decode("utf-8", errors="replace")
+                        if text.startswith(BEGIN_PREFIX):
+                            continue
+                        out.write(ln + b"\n")
+                        if text.startswith(RESULT_PREFIX):
+                            done = True
+            if done:      # what the job printed on stderr before its result has arrived by now, or soon
+                end = time.monotonic() + 0.02
+                while time.monotonic() < end:
+                    try:
+                        chunk = os.read(err_fd, READ_CHUNK)
+                    except (BlockingIOError, OSError):
+                        break
+                    if not chunk:
+                        break
+                    err.write(chunk)
+        finally:
+            sel.close()
+        self.jobs += 1
+        elapsed = time.monotonic() - started
+        dropped = {"stdout": out.dropped, "stderr": err.dropped}
+        if done:
+            res = classify(0, out.text(), err.text(), elapsed_s=elapsed, dropped=dropped)
+            return res, not poisons(res)
+        if self.proc.poll() is None:
+            _kill_group(self.proc)
+        try:
+            self.proc.wait(timeout=DRAIN_GRACE_S)
+        except subprocess.TimeoutExpired:  # pragma: no cover
+            pass
+        res = classify(self.proc.returncode, out.text(), err.text(), timed_out=timed_out, elapsed_s=elapsed,
+                       dropped=dropped)
+        return res, False
+
+
+def run_jobs_served(jobs: Sequence[dict], timeout: float = DEFAULT_TIMEOUT_S, child: ChildSpec | None = None,
+                    max_parallel: int = 1, on_done: Callable[[int, RunResult], None] | None = None,
+                    alone: Callable[[int], bool] | None = None) -> list[RunResult]:
+    """Like :func:`run_jobs`, with up to ``max_parallel`` long-lived children that serve many jobs each.
+
+    A child is replaced after any outcome that may poison its CUDA context (:func:`poisons`); jobs
+    for which ``alone(i)`` holds (calls the model predicts to be fatal) run in a fresh child of their
+    own, as :func:`run_job` runs them. Results in input order, classified as :func:`run_job`'s."""
+    child = child or ChildSpec()
+    results: list[RunResult | None] = [None] * len(jobs)
+    idle: "queue.SimpleQueue[ServingChild]" = queue.SimpleQueue()
+    started: list[ServingChild] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        if alone is not None and alone(i):
+            r = run_job(jobs[i], timeout, child)
+        else:
+            try:
+                w = idle.get_nowait()
+            except queue.Empty:
+                try:
+                    w = ServingChild(child)
+                except OSError as e:
+                    r = RunResult("unavailable", f"cannot start {child.python}: {e}")
+                    w = None
+                else:
+                    with lock:
+                        started.append(w)
+            if w is not None:
+                r, keep = w.run(jobs[i], timeout)
+                if keep:
+                    idle.put(w)
+                else:
+                    w.close()
+        results[i] = r
+        if on_done is not None:
+            on_done(i, r)
+
+    try:
+        if max_parallel <= 1 or len(jobs) <= 1:
+            for i in range(len(jobs)):
+                one(i)
+        else:
+            with ThreadPoolExecutor(max_workers=max_parallel) as pool:
+                list(pool.map(one, range(len(jobs))))
+    finally:
+        for w in started:
+            w.close()
     return [r for r in results if r is not None]

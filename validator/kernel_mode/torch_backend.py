@@ -222,15 +222,20 @@ def build_sparse_inputs(torch, call, dev) -> dict:
 
 
 def build_dense_inputs(torch, call, dev) -> dict:
-    """bf16 q and paged KV cache, ``block_table`` of ``ceil(max_len / page)`` blocks per request."""
+    """bf16 q and paged KV cache: the call's ``block_table`` and ``num_blocks`` when it has them, else
+    ``ceil(max_len / page)`` blocks per request (pages 0, 1, ... modulo a pool of at most 64)."""
     page = call.page
     lens = call.seqlens.tolist()
     blocks_per_seq = max(1, -(-max(lens, default=1) // page))
     num_blocks = min(blocks_per_seq, 64)
+    if call.block_table is not None:        # the call's own pages (and pool), as the engine passes them
+        bt = torch.tensor(call.block_table.tolist(), dtype=torch.int32, device=dev)
+        num_blocks = call.num_blocks or max(1, int(call.block_table.max()) + 1)
+    else:
+        bt = (torch.arange(blocks_per_seq, dtype=torch.int32, device=dev) % num_blocks)
+        bt = bt.view(1, -1).expand(call.b, blocks_per_seq).contiguous()
     q = torch.zeros(call.b, call.s_q, call.h_q, call.d_qk, dtype=torch.bfloat16, device=dev)
     kc = torch.zeros(num_blocks, page, call.h_k, call.d_qk, dtype=torch.bfloat16, device=dev)
-    bt = (torch.arange(blocks_per_seq, dtype=torch.int32, device=dev) % num_blocks)
-    bt = bt.view(1, -1).expand(call.b, blocks_per_seq).contiguous()
     sl = torch.tensor(lens, dtype=torch.int32, device=dev)
     return {"q": q, "k_cache": kc, "block_table": bt, "cache_seqlens": sl}
 
@@ -259,6 +264,8 @@ def op_decode(job, stage, partial) -> dict:
     api = info["api"]
     if call.kind == "dense_fp8" and info["name"] == VLLM_PROVIDER:
         return _dense_fp8_extension(torch, dev, call, stage, partial)
+    if call.kind == "dense_fp8" and call.entry == "fwd_kvcache_mla_fp8":
+        return _dense_fp8_call(torch, dev, mod, info, call, job, stage, partial)
     if call.entry == "get_mla_decoding_metadata":
         return _hoisted(torch, dev, mod, info, call, job, stage, partial)
     if call.entry != "flash_mla_with_kvcache":
@@ -338,6 +345,52 @@ def _hoisted(torch, dev, mod, info, call, job, stage, partial) -> dict:
     out = _readback(torch, md, ns)
     out.update(used, call_s=round(time.perf_counter() - started, 6), api="get_mla_decoding_metadata",
                provider=info["module"])
+    out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
+    return out
+
+
+def dense_fp8_ones(torch, call, dev, ins):
+    """An fp8 q and KV cache (the bf16 inputs cast) and unit descales, as the engines pass them."""
+    fp8 = torch.float8_e4m3fn
+    one = torch.ones(1, dtype=torch.float32, device=dev)
+    return ins["q"].to(fp8), ins["k_cache"].to(fp8), one
+
+
+def _dense_fp8_call(torch, dev, mod, info, call, job, stage, partial) -> dict:
+    """Dense fp8 attention through a FlashMLA build's own interface (sgl-flash-mla): the dense fp8
+    scheduler (``get_mla_decoding_metadata(..., is_fp8_kvcache=True, topk=None)``) assigned onto a
+    ``FlashMLASchedMeta``, then ``flash_mla_with_kvcache(..., is_fp8_kvcache=True)`` with no indices."""
+    fn = getattr(mod, "get_mla_decoding_metadata", None)
+    if fn is None or info["api"] != "sched_meta":
+        raise Unsupported(f"{info['module']} has no dense fp8 entry (get_mla_decoding_metadata and a "
+                          f"scheduler object from get_mla_metadata)")
+    stage("inputs")
+    ins = build_dense_inputs(torch, call, dev)
+    bt = ins["block_table"]
+    if job.get("pad_block") is not None:
+        rows = job.get("pad_rows")
+        lens = call.seqlens.tolist()
+        bt[torch.tensor([(i in rows) if rows is not None else lens[i] == 0 for i in range(len(lens))],
+                        device=dev)] = int(job["pad_block"])
+    _sync(torch, dev)
+    legacy = legacy_kwargs(fn, True)
+    stage("metadata")
+    started = time.perf_counter()
+    md, ns = fn(ins["cache_seqlens"], call.s_q * call.h_q // call.h_k, call.h_k, call.h_q, True, None, **legacy)
+    _sync(torch, dev)
+    out = _readback(torch, md, ns)
+    partial(out)
+    sched = mod.get_mla_metadata()
+    sched = sched[0] if isinstance(sched, tuple) else sched       # an empty scheduler object
+    sched.tile_scheduler_metadata, sched.num_splits = md, ns
+    q, kc, one = dense_fp8_ones(torch, call, dev, ins)
+    stage("call")
+    mod.flash_mla_with_kvcache(q, kc, bt, ins["cache_seqlens"], call.d_v, sched, None, causal=call.causal,
+                               is_fp8_kvcache=True, descale_q=one, descale_k=one, **legacy_kwargs(mod.flash_mla_with_kvcache, True))
+    stage("sync")
+    _sync(torch, dev)
+    out.update(call_s=round(time.perf_counter() - started, 6), api="flash_mla_with_kvcache(is_fp8_kvcache=True)",
+               provider=info["module"], use_legacy=True)
     out["message"] = f"OK {out['num_sm_parts']} {out['num_splits'][-1] if out['num_splits'] else 0}"
     return out
 

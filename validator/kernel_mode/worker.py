@@ -10,6 +10,11 @@ Reads one JSON job on stdin, hands it to a backend, and prints on stdout:
 Then it leaves with ``os._exit(0)``: after a failed CUDA call, interpreter shutdown can hang or crash
 in destructors, and the result has already been printed.
 
+With ``--serve`` the child stays: it reads one JSON job per line, prints ``@@validate-batch begin N``
+and then that job's lines as above, and takes the next job, until stdin ends. The parent
+(:class:`validate_batch.kernel_mode.runner.WorkerPool`) retires a serving child after any outcome
+that can leave the CUDA context poisoned, and runs calls predicted to be fatal in a child of their own.
+
 A backend is a module with ``run(job, stage, partial) -> dict``. The default one,
 :mod:`validate_batch.kernel_mode.torch_backend`, imports torch and FlashMLA; tests use a stand-in that mimics
 the library's ways of failing without a GPU.
@@ -25,7 +30,8 @@ import os
 import sys
 from pathlib import Path
 
-from validate_batch.kernel_mode.protocol import PARTIAL_PREFIX, RESULT_PREFIX, STAGE_PREFIX, Unavailable, Unsupported
+from validate_batch.kernel_mode.protocol import (BEGIN_PREFIX, PARTIAL_PREFIX, RESULT_PREFIX, STAGE_PREFIX, Unavailable,
+                                                 Unsupported)
 
 DEFAULT_BACKEND = "validate_batch.kernel_mode.torch_backend"
 MAX_MESSAGE_CHARS = 4000
@@ -85,7 +91,10 @@ def flush_c_stdio() -> None:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m validate_batch.kernel_mode.worker")
     ap.add_argument("--backend", default=DEFAULT_BACKEND, help="module name or .py file with run(job, stage, partial)")
+    ap.add_argument("--serve", action="store_true", help="take one JSON job per line until stdin ends")
     args = ap.parse_args(argv)
+    if args.serve:
+        serve(args.backend)
     try:
         job = json.loads(sys.stdin.read())
         if not isinstance(job, dict):
@@ -99,6 +108,34 @@ def main(argv: list[str] | None = None) -> None:
     _emit(RESULT_PREFIX, json.dumps(result, separators=(",", ":")))
     flush_c_stdio()
     sys.stderr.flush()
+    os._exit(0)
+
+
+def serve(backend_spec: str) -> None:
+    """Serve jobs, one JSON object per stdin line, each answered as a one-job child answers it."""
+    try:
+        backend = load_backend(backend_spec)
+        setup_error = None
+    except Exception as e:  # noqa: BLE001 - reported with every job
+        backend, setup_error = None, f"worker setup failed: {type(e).__name__}: {e}"
+    seq = 0
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        _emit(BEGIN_PREFIX, str(seq))
+        seq += 1
+        try:
+            job = json.loads(line)
+            if not isinstance(job, dict):
+                raise ValueError("the job must be a JSON object")
+        except ValueError as e:
+            result = {"status": "unavailable", "message": f"bad job line: {e}"}
+        else:
+            result = {"status": "unavailable", "message": setup_error} if backend is None else execute(job, backend)
+        flush_c_stdio()
+        _emit(RESULT_PREFIX, json.dumps(result, separators=(",", ":")))
+        flush_c_stdio()
+        sys.stderr.flush()
     os._exit(0)
 
 

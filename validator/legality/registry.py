@@ -40,7 +40,8 @@ from functools import cached_property, lru_cache
 from typing import Callable, Iterable
 
 from .failure import KINDS, Failure, failure_of
-from .report import SEVERITIES, Finding
+from ..facts.provenance import FactStatus, gpu_fact, rule_facts
+from .finding import SEVERITIES, Finding
 from .signature import Signature, parse_signature
 
 #: what a rule may read: the configuration alone; the forward's query rows (and its mode and
@@ -76,6 +77,7 @@ class Rule:
     signatures: tuple[Signature, ...] = ()
     page: Callable[[], dict] | None = None
     added: int | None = None
+    facts: tuple[str, ...] | Callable = ()
 
     @property
     def split_helps(self) -> bool:
@@ -94,7 +96,7 @@ class Rule:
         return {"code": self.code, "severity": self.severity, "title": self.title, "failure": str(self.failure),
                 "source": self.source, "scope": self.scope, "family": self.family,
                 "failure_class": self.failure.to_dict(),
-                "signatures": [s.to_definition() for s in self.signatures]}
+                "signatures": [s.to_definition() for s in self.signatures], "facts": "per call" if callable(self.facts) else list(self.facts)}
 
     def finding(self, message: str, *, subject: str = "", numbers: dict | None = None, fix: str = "",
                 severity: str | None = None, failure: str | None = None) -> Finding:
@@ -124,7 +126,7 @@ def revision() -> int:
 def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, safe_rows: Callable | None = None,
          subject: str = "flashmla", *, title: str, failure: Failure | str = "", source: str = "",
          severity: str = "error", family: str | None = None, signatures: Iterable[dict] = (),
-         page: Callable[[], dict] | None = None, added: int | None = None):
+         page: Callable[[], dict] | None = None, added: int | None = None, facts: Iterable[str] = ()):
     """Register a rule function under a stable code, with everything said about it.
 
     ``reads``: the per-step quantities it depends on (names from :data:`QUANTITIES`; default
@@ -133,7 +135,11 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
     ``source`` (where the limit is written or measured), ``family`` (default: the code's letters),
     ``signatures`` (the error lines the failure prints, :mod:`validate_batch.legality.signature`), ``page``
     (the values of the page's ``{{name}}`` placeholders) and ``added`` (the rule's place in the
-    order the codes were assigned; bisect tries signatures in that order, rules without it after)."""
+    order the codes were assigned; bisect tries signatures in that order, rules without it after).
+    ``facts``: the knowledge-file records its limit and failure class are read from, as dotted paths
+    in the plan's fact scope (a FlashMLA generation; ``build.<key>`` for the build's own record; see
+    :mod:`validate_batch.facts.provenance`), or a function of the plan giving them (none on plans the
+    rule cannot fire on); ``""`` is the scope record's own provenance."""
     if reads is None:
         reads = ("config",) if shape_only else ("requests",)
     reads = frozenset((reads,) if isinstance(reads, str) else reads)
@@ -153,7 +159,8 @@ def rule(code: str, scope: str = "call", shape_only: bool = False, reads=None, s
         if code in REGISTRY:
             raise KeyError(f"rule code {code} registered twice")
         r = Rule(code, scope, func, title, severity, failure, source, family or code.rstrip("0123456789"),
-                 shape_only, reads, safe_rows, subject if scope == "call" else "batch", sigs, page, added)
+                 shape_only, reads, safe_rows, subject if scope == "call" else "batch", sigs, page, added,
+                 facts if callable(facts) else tuple((facts,) if isinstance(facts, str) else facts))
         REGISTRY[code] = r
         STATE.revision += 1
         func.rule = r
@@ -245,3 +252,20 @@ def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Findin
 def _with_failure_class(f: Finding) -> Finding:
     """``f`` with its failure as a :class:`Failure` (a build's own failure comes as a knowledge file's text)."""
     return f if isinstance(f.failure, Failure) else replace(f, failure=failure_of(f.failure))
+
+
+def verdict_facts(plans, batch_plan=None) -> list[tuple[str, FactStatus]]:
+    """``(rule code, fact standing)`` for every rule a verdict ran: the call rules of each plan's
+    kind on that plan (and the plan's GPU), and the batch rules on the batch plan (see
+    :mod:`validate_batch.facts.provenance`)."""
+    out: list[tuple[str, FactStatus]] = []
+    for p in plans:
+        for r in rules_for("call", getattr(p, "rule_kind", "flashmla")):
+            out.extend((r.code, st) for st in rule_facts(r, p))
+        gpu = getattr(p, "gpu", None)
+        if gpu is not None:
+            out.append(("GPU", gpu_fact(gpu.name)))
+    if batch_plan is not None:
+        for r in rules_for("batch"):
+            out.extend((r.code, st) for st in rule_facts(r, batch_plan))
+    return out

@@ -5,48 +5,9 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping
 
-SEVERITIES = ("error", "warning", "info")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One broken (or nearly broken) limit.
-
-    ``message`` says "expected X, got Y" and names the thing (request, slot, call); ``numbers`` holds
-    the same numbers for programs; ``fix`` says what to do; ``failure`` how the process dies.
-    """
-
-    code: str
-    severity: str
-    message: str
-    subject: str = ""
-    numbers: dict = field(default_factory=dict)
-    fix: str = ""
-    failure: str = ""
-    source: str = ""
-
-    @property
-    def is_error(self) -> bool:
-        return self.severity == "error"
-
-    def to_dict(self) -> dict:
-        d = {"code": self.code, "severity": self.severity, "message": self.message}
-        if self.subject:
-            d["subject"] = self.subject
-        if self.numbers:
-            d["numbers"] = self.numbers
-        if self.fix:
-            d["fix"] = self.fix
-        if self.failure:
-            d["failure"] = str(self.failure)     # the prose; its kind is ``self.failure.kind``
-        if self.source:
-            d["source"] = self.source
-        return d
-
-    def one_line(self) -> str:
-        subj = f"[{self.subject}] " if self.subject else ""
-        fix = f" - {self.fix}" if self.fix else ""
-        return f"{self.code} {subj}{self.message}{fix}"
+from ..facts.provenance import summary as provenance_summary
+from .finding import SEVERITIES, Finding  # noqa: F401 (re-exported: a report's findings)
+from .registry import verdict_facts
 
 
 #: field metadata: how a typed part of a report appears in its JSON (by default: under its own name)
@@ -170,11 +131,37 @@ class Report:
     def __bool__(self) -> bool:  # `if report:` reads as "is it legal"
         return self.legal
 
+    @property
+    def provenance(self) -> dict:
+        """Where the facts this verdict rests on come from (:func:`validate_batch.facts.provenance.summary`):
+        every rule it ran, on the build each call runs on; built on first read."""
+        got = self.__dict__.get("_provenance")
+        if got is None:
+            got = self.__dict__["_provenance"] = provenance_summary(verdict_facts(self.plans, self.batch_plan))
+        return got
+
+    @property
+    def rests_on_read_facts(self) -> bool:
+        """Whether a fact this verdict rests on is neither measured on its build nor tested."""
+        return bool(self.read_facts_behind_verdict())
+
+    def read_facts_behind_verdict(self) -> list[dict]:
+        """The facts neither measured on their build nor tested that decide this verdict: for an
+        illegal one, those of the rules that found an error; for a legal one, those of every rule
+        it ran (each could have fired)."""
+        read = self.provenance["read_facts"]
+        if self.legal:
+            return list(read)
+        broken = {f.code for f in self.errors}
+        return [r for r in read if broken & set(r["rules"])]
+
     def to_dict(self) -> dict:
-        """The report's JSON: verdict, findings, what was checked, the safe split, and what the
-        command added."""
-        d: dict = {"legal": self.legal, "findings": [f.to_dict() for f in self.findings]}
+        """The report's JSON: verdict, findings, what was checked, the safe split, where its facts
+        come from, and what the command added."""
+        prov = self.provenance
+        d: dict = {"legal": self.legal, "findings": [_with_provenance(f.to_dict(), prov) for f in self.findings]}
         d.update(self.context)
+        d["provenance"] = prov
         sp = self.safe_split
         if sp is not None:
             d["safe_split"] = sp.to_dict() if hasattr(sp, "to_dict") else sp
@@ -191,6 +178,14 @@ class Report:
         if statistics is not None:
             d["statistics"] = statistics
         return d
+
+
+def _with_provenance(d: dict, prov: dict) -> dict:
+    """A finding's JSON with the standing of the facts its rule rests on (when the verdict ran it)."""
+    got = prov.get("rules", {}).get(d["code"])
+    if got is not None:
+        d["provenance"] = got
+    return d
 
 
 _FIELDS = tuple(f.name for f in fields(Report))

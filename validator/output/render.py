@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from .render_batch import render_batch
+from ..facts.provenance import one_line
 from .render_findings import render_findings
 
 
@@ -19,4 +20,5 @@ def render_report(report, payload: dict, console: Console) -> None:
     verdict = "[bold green]LEGAL[/]" if report.legal else "[bold red]ILLEGAL[/]"
     n_err = len(report.errors)
     console.print(f"verdict: {verdict}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)
-    render_findings(report.findings, console)
+    render_findings(report.findings, console, provenance=report.provenance)
+    console.print(one_line(report.provenance), style="dim" if not report.rests_on_read_facts else None)

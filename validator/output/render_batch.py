@@ -6,6 +6,7 @@ import os
 from rich.console import Console
 from rich.markup import escape
 
+from ..facts.provenance import one_line
 from .render_findings import render_findings
 from .split_text import piece, split_lines, step_items, wrapped
 
@@ -38,7 +39,8 @@ def render_batch(report, payload: dict, console: Console) -> None:
     verdict = "[bold green]LEGAL[/]" if report.legal else "[bold red]ILLEGAL[/]"
     n_err = len(report.errors)
     console.print(f"verdict: {verdict}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)
-    render_findings(report.findings, console)
+    render_findings(report.findings, console, provenance=report.provenance)
+    console.print(one_line(report.provenance), style="dim" if not report.rests_on_read_facts else None)
     if report.safe_split is not None:
         width = console.width if console.is_terminal or os.environ.get("COLUMNS") else None
         for line in wrapped(split_lines(report.safe_split.to_dict()), width):

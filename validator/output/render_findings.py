@@ -5,7 +5,8 @@ from rich.console import Console
 from rich.markup import escape
 
 
-def render_findings(findings, console: Console, indent: str = "  ") -> None:
+def render_findings(findings, console: Console, indent: str = "  ", provenance: dict | None = None) -> None:
+    by_rule = (provenance or {}).get("rules", {})
     for f in findings:
         color = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")
         console.print(f"{indent}[bold {color}]{f.code}[/] {escape(f.message)}", markup=True)
@@ -17,3 +18,6 @@ def render_findings(findings, console: Console, indent: str = "  ") -> None:
             console.print(f"{indent}    crash: {f.failure}")
         if f.source:
             console.print(f"{indent}    source: {f.source}", style="dim")
+        got = by_rule.get(f.code)
+        if got is not None:
+            console.print(f"{indent}    limit: {escape(got['says'])}", style="dim" if got["status"] != "read" else None)

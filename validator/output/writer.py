@@ -26,6 +26,8 @@ from ..facts.knowledge import build_record
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
 EXIT_INTERNAL = 4
+#: ``--strict-provenance``: the verdict rests on a fact read from source or a binary, not measured
+EXIT_READ_FACTS = 5
 
 DEBUG_ENV = "VALIDATE_BATCH_DEBUG"
 MODES = ("human", "json", "quiet", "jsonl", "github", "junit", "sarif")
