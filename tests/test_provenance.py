@@ -24,7 +24,7 @@ LABELLED = ("flashmla", "gpus", "crash_sites", "deepgemm", "flashinfer")
 #: knowledge files whose sources are not labelled yet (each must still have an unlabelled source)
 UNLABELLED = ("engines", "engine_args", "settings")
 #: labelled files none of whose facts has been measured yet (each must still have no measured entry)
-NOT_MEASURED = ("flashinfer",)
+NOT_MEASURED: tuple = ()
 H200_SPARSE = {"kind": "sparse", "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
 
 
