@@ -24,7 +24,7 @@ LABELLED = ("flashmla", "gpus", "crash_sites", "deepgemm", "flashinfer", "engine
 #: knowledge files whose sources are not labelled yet (each must still have an unlabelled source)
 UNLABELLED = ()
 #: labelled files none of whose facts has been measured yet (each must still have no measured entry)
-NOT_MEASURED = ("flashinfer", "engine_args", "settings")
+NOT_MEASURED: tuple = ("engine_args", "settings")
 H200_SPARSE = {"kind": "sparse", "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
 
 

@@ -18,7 +18,7 @@ def grid_batch_page() -> dict:
     return {"max_batch": grid_limits()["z"], "example_batch": grid_limits()["z"] + 1}
 
 
-@rule("FI001", page=grid_batch_page, reads="rows", subject=TRTLLM_RULE_KIND, added=30,
+@rule("FI001", page=grid_batch_page, reads="rows", subject=TRTLLM_RULE_KIND, added=30, facts=("trtllm_gen",),
       title="FlashInfer trtllm-gen attention: batch size above gridDim.z's 65535",
       failure=Failure("launch_error_silent",
                       "cuLaunchKernelEx fails, the error check only prints 'CUDA Error: CUDA_ERROR_INVALID_VALUE "
@@ -81,7 +81,7 @@ def _first_drop(a: np.ndarray) -> int | None:
     return int(d.argmax()) if d.any() else None
 
 
-@rule("FI002", subject=PLAN_RULE_KIND, added=31,
+@rule("FI002", subject=PLAN_RULE_KIND, added=31, facts=("mla_plan",),
       title="FlashInfer MLA plan(): a request with a negative query length (qo_indptr decreases)",
       failure=Failure("python_exception",
                       "\"Error in function 'MLAPlan' at .../scheduler.cuh:1599: qo_indptr[i+1]... - qo_indptr[i]... "
@@ -141,7 +141,7 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
         failure=p.plan_facts["qo_failure"])]
 
 
-@rule("FI003", subject=PLAN_RULE_KIND, added=32,
+@rule("FI003", subject=PLAN_RULE_KIND, added=32, facts=("mla_plan",),
       title="FlashInfer MLA plan(): a negative KV length or a decreasing kv_indptr (not checked: the request is "
             "dropped)",
       failure=Failure("silent_wrong",
