@@ -294,9 +294,12 @@ def rule_facts(rule, plan) -> tuple[FactStatus, ...]:
     if scope is None:
         return ()
     kind, name, build, values = scope
-    facts = rule.facts(plan) if callable(rule.facts) else rule.facts
-    if not facts:
-        return ()
+    if callable(rule.facts):
+        facts = rule.facts(plan)
+        if not facts:                   # the rule cannot fire on this plan
+            return ()
+    else:
+        facts = rule.facts or ("",)     # none named: the scope record's own provenance
     paths = tuple(p.format(**values) if "{" in p else p for p in facts)
     gpu = getattr(plan, "gpu", None)
     return record_facts(kind, name, build, paths, getattr(gpu, "arch", None))
