@@ -150,6 +150,6 @@ def test_without_matplotlib_pictures_fail_clearly(monkeypatch, tmp_path):
 
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     res = CliRunner().invoke(app, ["map", "--example", "dsv4-prefill-3x4096", "--y-max", "2", "-o", str(tmp_path / "m.svg")])
-    assert res.exit_code == 2 and "validate-batch[map]" in res.output
+    assert res.exit_code == 2 and "pip install '.[map]'" in res.output and "matplotlib>=3.5" in res.output
     res = CliRunner().invoke(app, ["map", "--example", "dsv4-prefill-3x4096", "--y-max", "2", "-o", str(tmp_path / "m.csv")])
     assert res.exit_code == 0

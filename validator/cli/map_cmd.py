@@ -43,7 +43,7 @@ Examples:
 
 * `echo '{"kind":"sparse","b":8192,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch map - --x b --y s_q`
 
-Output by -o's extension: .png / .svg (needs matplotlib: pip install 'validate-batch[map]'),
+Output by -o's extension: .png / .svg (needs matplotlib: pip install matplotlib, or from a checkout pip install '.[map]'),
 .json, .csv (one line per region segment); without -o a character grid on the terminal.
 Exit codes: 0 map written, 2 bad input, 4 internal error.
 """

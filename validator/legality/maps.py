@@ -405,7 +405,9 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
-        raise InputError("-o", "PNG/SVG output needs matplotlib: pip install 'validate-batch[map]' "
+        from ..install_hints import install_hint  # noqa: PLC0415
+
+        raise InputError("-o", f"PNG/SVG output needs matplotlib: {install_hint('map')} "
                          "(terminal, JSON and CSV output work without it)") from None
     return plt
 
