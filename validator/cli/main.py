@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import _accel
-from . import bisect_cmd as cli_bisect, config, kernel_cmd as cli_kernel, map_cmd as cli_map
+from . import bisect_cmd as cli_bisect, config, helptext, kernel_cmd as cli_kernel, map_cmd as cli_map
 from ..output import formats
 from ..api import check_plan
 from ..errors import InputError
@@ -49,6 +49,8 @@ from ..legality.ruleset import all_rules, get_rule
 from ..legality.standing import build_counts, rule_standing, worst
 from .session import check_documents, split_device_header
 from ..inputs.streaming import CallRecords
+
+helptext.apply()      # FILE, INT, TEXT in --help (not {file}, <int>, <list[str]>, <bool>)
 
 app = typer.Typer(
     name="validate-batch",
@@ -250,6 +252,7 @@ def check(
     stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code."),
     recursive: bool = typer.Option(False, "--recursive", "-r", help="Corpus mode: also the files in subdirectories."),
     output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
+    as_written: bool = typer.Option(False, "--as-written", help="Judge an engine batch as one step, as written, even where the engine's chunked prefill would cut it into several steps (the default judges those steps and shows both)."),
 ):
     """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input, 5 (with
     --strict-provenance) the verdict rests on a fact read from source or a binary, not measured.
@@ -317,6 +320,8 @@ def check(
         build = kernel_option(build, output)
         if engine is not None:
             doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu, env)
+            if as_written:
+                doc["as_written"] = True
 
             def run(k):
                 return check_batch_document(doc, gpu=gpu, build=k)
@@ -327,7 +332,7 @@ def check(
                 raise InputError("FILE", "give a file, '-' for stdin, --example NAME, or a quick batch with --engine")
 
             def run(k):
-                return check_documents(file, gpu, k, default_engine)
+                return check_documents(file, gpu, k, default_engine, as_written)
         report, payload = run(build)
         filter_findings(report, sel, ign)
         matrix = across(run, report, payload) if across_builds else None
@@ -485,7 +490,7 @@ def check_corpus(inputs, gpu, build, output: Output, select: list[str], ignore: 
             rules = (u["error"] or "") if u["status"] == "bad_input" else \
                 ", ".join(sorted({f["code"] for f in u["findings"]})) or "-"
             word = {"legal": "legal", "illegal": "ILLEGAL", "bad_input": "bad input"}[u["status"]]
-            t.add_row(Text(u["file"], no_wrap=True), Text(word, style=style[u["status"]]), Text(rules))
+            t.add_row(Text(u["file"], overflow="fold"), Text(word, style=style[u["status"]]), Text(rules))
         out.print(t)
         n = {k: sum(u["status"] == k for u in units) for k in ("legal", "illegal", "bad_input")}
         out.print(f"{len(units)} file(s): {n['legal']} legal, {n['illegal']} illegal, {n['bad_input']} bad input")
@@ -520,11 +525,23 @@ def render_across(matrix: list[dict], out) -> None:
     t = Table("build", "verdict", "rules", title="the same input on every known FlashMLA build")
     for r in matrix:
         style = "red" if not r["legal"] else ("yellow" if r["warnings"] else "green")
-        t.add_row(Text(r["build"] + (" *" if r["runs_here"] else ""), no_wrap=True), Text(r["outcome"], style=style),
+        t.add_row(Text(("* " if r["runs_here"] else "  ") + r["build"], overflow="fold"), Text(r["outcome"], style=style),
                   ", ".join(r["errors"] + r["warnings"]) or "-")
     out.print(t)
     out.print("* the build this check judged by (named with --build, or the one the engine version ships); "
               "`validate-batch builds` says what is measured and what is read from source or binary")
+
+
+def kernels_text(kernels: dict) -> str:
+    """A build's kernels by use_legacy / path, one per line: ``path: kernel``, a per-SM-generation
+    choice as ``path (SM90): kernel``; ``*`` is every path."""
+    lines = []
+    for path, k in kernels.items():
+        if isinstance(k, dict):
+            lines.extend(f"{path} (SM{gen}0): {v}" for gen, v in k.items())
+        else:
+            lines.append(f"{path}: {k}")
+    return "\n".join(lines)
 
 
 @app.command("builds")
@@ -545,7 +562,7 @@ def builds_cmd(as_json: bool = typer.Option(False, "--json", help="The builds as
     t = Table("build", "kernels (by use_legacy / path)", "facts", "rule facts measured / read")
     for r in rows:
         c = r["provenance"]
-        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"],
+        t.add_row(r["build"], kernels_text(r["kernels"]), r["status"],
                   "\n".join(f"{gpu}: {n['measured']} / {n['read']}" for gpu, n in c.items()))
     output.console.print(t)
     output.console.print("`validate-batch explain CODE` says which of a rule's facts are measured on which build.")
