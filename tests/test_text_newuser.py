@@ -56,3 +56,46 @@ def test_help_has_no_placeholder_types(command):
     assert not re.search(r"\{[a-z_]+\}", r.stdout.split("\n", 3)[1] if r.stdout.count("\n") > 2 else r.stdout)
     usage = next(ln for ln in r.stdout.splitlines() if "Usage:" in ln)
     assert not re.search(r"\{[a-z_]+\}", usage), usage
+
+
+def test_every_engine_version_name_the_output_uses_is_in_the_readme():
+    import json
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    profiles = json.loads((ROOT / "rules" / "engines.json").read_text())["profiles"]
+    missing = [f"{n}@{v['name']}" for n, p in profiles.items() for v in p["versions"] if f"`{v['name']}`" not in readme]
+    assert not missing, missing
+
+
+def test_an_empty_extend_says_one_thing():
+    r = run(["check", "--engine", "sglang-dsv4@pre-25418", "--extend", "0"], columns=200)
+    assert r.exit_code == 1 and "SGL002" in r.stdout
+    assert "b = 0 (no new tokens)" in r.stdout and "b = 0 ()" not in r.stdout
+    split = r.stdout.split("safe split:", 1)[1]
+    assert "no split can help" in split and "need chunking" not in split and "0 step(s)" not in split
+    assert "--chunked-prefill-size" not in split
+    # one new token: legal, no split
+    assert run(["check", "--engine", "sglang-dsv4@pre-25418", "--extend", "1"]).exit_code == 0
+
+
+def test_probe_slot_without_torch_does_not_quote_torch_as_having_run(monkeypatch):
+    from validate_batch.kernel_mode import slot_probe
+
+    monkeypatch.setattr(slot_probe, "torch_installed", lambda: False)
+    r = run(["probe-slot", "--rows", "33", "--slot", "96", "--width", "4"], columns=200)
+    assert r.exit_code == 3, r.output
+    assert "unavailable - torch is not installed" in r.stdout
+    assert "says:" not in r.stdout
+    assert "would say (its message, written out here: torch did not run): index 96 is out of bounds for dimension 0 with size 33" in r.stdout
+    r = run(["probe-slot", "--rows", "33", "--slot", "32", "--width", "4"], columns=200)   # row 32 of 33: in bounds
+    assert r.exit_code == 3 and "bounds check" not in r.stdout
+
+
+def test_the_readme_legality_map_example_runs(monkeypatch, capsys):
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    (code,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "legality_map(Source(" in b]
+    monkeypatch.chdir(ROOT)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    # 3 x 4096 with one running decode: 11622 rows (the limit) legal, 11623 FMLA001
+    assert "kind='legal'" in out and "'FMLA001'" in out and out.index("end=11622") < out.index("start=11623")
