@@ -99,3 +99,16 @@ def test_the_readme_legality_map_example_runs(monkeypatch, capsys):
     out = capsys.readouterr().out
     # 3 x 4096 with one running decode: 11622 rows (the limit) legal, 11623 FMLA001
     assert "kind='legal'" in out and "'FMLA001'" in out and out.index("end=11622") < out.index("start=11623")
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["metadata"], ["map"], ["kernel-check"], ["probe"]])
+def test_help_json_examples_wrap_between_tokens(command):
+    """A JSON example wraps at a space between its tokens, never inside one (``"topk": 12`` / ``8}``)."""
+    def flat(text: str) -> str:
+        return " ".join(text.replace("│", " ").split())
+
+    examples = set(re.findall(r"'(\{\"kind\".*?\})'", flat(run(command + ["--help"], columns=400).stdout)))
+    assert examples
+    narrow = flat(run(command + ["--help"], columns=60).stdout)
+    broken = [e for e in examples if e not in narrow]
+    assert not broken, broken

@@ -123,7 +123,7 @@ def kernel_check_cmd(
 
     * `validate-batch kernel-check fixtures/oracle/flashmla_h200_cases.jsonl --sample 40 -j 4`
 
-    * `echo '{"kind":"sparse","b":12288,"s_q":1,"h_q":64,"d_qk":512,"topk":512}' | validate-batch kernel-check -`
+    * `echo '{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}' | validate-batch kernel-check -`
     """
     from ..kernel_mode.check import kernel_check_report, render_kernel_result
     output = Output.for_flags(as_json)
@@ -218,7 +218,7 @@ def _render_probe(res: dict, out) -> None:
 
 def probe_cmd(
     quantity: str = typer.Option("b", "--quantity", "-q", help="The integer field to probe: b (query rows), s_q, topk, ..."),
-    template: str = typer.Option(..., "--template", "-t", help="Call record without the probed field, e.g. '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'."),
+    template: str = typer.Option(..., "--template", "-t", help="Call record without the probed field, e.g. '{\"kind\": \"sparse\", \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 128}'."),
     lo: Optional[int] = typer.Option(None, "--lo", help="Lower end of the search (default 1 for b)."),
     hi: Optional[int] = typer.Option(None, "--hi", help="Upper end of the search (default 16384 for b)."),
     as_json: bool = typer.Option(False, "--json", help="The result as one JSON object."),
@@ -240,9 +240,9 @@ def probe_cmd(
 
     Examples:
 
-    * `validate-batch probe --quantity b --template '{"kind":"sparse","s_q":1,"h_q":64,"d_qk":512,"topk":128}'`
+    * `validate-batch probe --quantity b --template '{"kind": "sparse", "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}'`
 
-    * `validate-batch probe -q b -t '{"kind":"sparse","s_q":8,"h_q":128,"d_qk":512,"topk":2048}' --hi 8192 -j 4`
+    * `validate-batch probe -q b -t '{"kind": "sparse", "s_q": 8, "h_q": 128, "d_qk": 512, "topk": 2048}' --hi 8192 -j 4`
     """
     from ..kernel_mode.probe import probe_boundary
 

@@ -64,11 +64,11 @@ app = typer.Typer(
         "Examples:\n\n"
         "* `validate-batch check --example dsv4-prefill-3x4096`\n\n"
         "* `validate-batch metadata --json fixtures/oracle/flashmla_h200_cases.jsonl`\n\n"
-        "* `echo '{\"kind\":\"sparse\",\"b\":12288,\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":512}' | validate-batch check -`\n\n"
+        "* `echo '{\"kind\": \"sparse\", \"b\": 12288, \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 512}' | validate-batch check -`\n\n"
         "* `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`\n\n"
         "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
         "* `validate-batch check batches/ --output-format github` (every batch of a directory, as GitHub annotations)\n\n"
-        "* `validate-batch probe -q b -t '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'` (on a GPU)\n\n"
+        "* `validate-batch probe -q b -t '{\"kind\": \"sparse\", \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
         "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
     ),
@@ -132,7 +132,7 @@ def metadata(
 
     * `validate-batch metadata --json fixtures/oracle/flashmla_h200_cases.jsonl`
 
-    * `echo '{"kind":"dense","b":4,"s_q":2,"h_q":128,"seqlens":[10,0,100,7]}' | validate-batch metadata -`
+    * `echo '{"kind": "dense", "b": 4, "s_q": 2, "h_q": 128, "seqlens": [10, 0, 100, 7]}' | validate-batch metadata -`
     """
     output = Output.for_flags(as_json, quiet, output_format, output_file)
     out = output.console
@@ -284,7 +284,7 @@ def check(
 
     * `validate-batch check --example dsv4-prefill-3x4096 --strict-provenance` (exit 5 unless every fact behind the verdict was measured on the build)
 
-    * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
+    * `echo '{"kind": "sparse", "b": 11623, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}' | validate-batch check -`
     """
     output = Output.for_flags(as_json, quiet, output_format, output_file)
     out = output.console
