@@ -289,7 +289,7 @@ def check(
     output = Output.for_flags(as_json, quiet, output_format, output_file)
     out = output.console
     files = [file] if isinstance(file, str) else list(file or [])
-    quick = engine is not None or extend is not None or decodes != 0 or mode != "extend"
+    quick = engine is not None or extend is not None or decodes != 0
     try:
         # flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml
         cfg = config.resolve({"gpu": gpu, "build": build, "select": select, "ignore": ignore,
@@ -302,7 +302,7 @@ def check(
     except InputError as e:
         output.error(e)
     if quick and engine is None:
-        output.fail("--engine: a quick batch (--extend, --decode, --mode) needs an engine profile "
+        output.fail("--engine: a quick batch (--extend, --decode) needs an engine profile "
                     "(--engine, VALIDATE_BATCH_ENGINE or [tool.validate-batch] engine)")
     if files and engine is None and example is None and (len(files) > 1 or os.path.isdir(files[0])):
         if run_kernel or reproduce or across_builds:

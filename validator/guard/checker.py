@@ -51,7 +51,7 @@ from ..engines.forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from ..facts.limits import echo
 from ..facts.names import BATCH_SETTINGS, FORWARD_MODES, SETTINGS, check_server_arg, normalize_setting, parse_mode
-from ..legality.pipeline import check_engine_batch, check_engine_steps, note_as_written
+from ..legality.pipeline import chunk_would_apply, check_engine_batch, check_engine_steps, note_as_written
 from ..engines import engine_family
 from ..legality.report import Report
 
@@ -178,9 +178,9 @@ def _object_settings(obj: Any) -> list:
 
 
 def _as_written(report: Report, b: Batch) -> Report:
-    """``report`` of a dispatched step; noted when the engine's chunked prefill would have cut it."""
-    steps = engine_steps(b)
-    return note_as_written(report, b, steps) if steps is not None else report
+    """``report`` of a dispatched step; noted (when its context is read) where the engine's chunked
+    prefill would have cut a forward of that many new tokens."""
+    return note_as_written(report, b) if chunk_would_apply(b) else report
 
 
 # ----------------------------------------------------------------------------------- the checker

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Mapping
 
-from ..inputs.batch import Batch, batch_from_dict
+from ..errors import InputError
+from ..inputs.batch import Batch, RequestColumns, batch_from_dict
 from .bounds import StepBounds, derive_bounds
 from ..engines.chunking import chunk_budget, engine_steps
 from .evaluate import EngineSetup, engine_setup, evaluate
@@ -64,18 +65,48 @@ def check_batch(obj: Any, gpu: Any = None, build: str | None = None, split: bool
     return check_engine_steps(b, steps, build, split)
 
 
-def note_as_written(report: Report, b: Batch, steps: list) -> Report:
+def note_as_written(report: Report, b: Batch, steps: list | None = None) -> Report:
     """A report of a step judged as written although the engine would chunk it: its notes say so,
-    and how to have it judged as the engine's steps."""
-    size, _, spec = chunk_budget(b)
-    tokens = sum(r.extend_tokens for r in b.requests if not r.is_decode)
-    note = (f"judged as one step, as written: {tokens} new tokens are more than {spec['setting']} {size}, so "
-            f"the engine cuts such a forward into {len(steps)} steps; as a batch document without "
-            f"as_written: true (or without --as-written) it is judged as those steps")
-    ctx = report.checked
-    if isinstance(ctx, BatchContext):
-        report.context = replace(ctx, notes=tuple(ctx.notes) + (note,))
+    and how to have it judged as the engine's steps. The note is added when the report's context is
+    first read (a guard that only asks "legal?" does not pay for it); ``steps``: the engine's steps
+    when the caller has them."""
+    def with_note(ctx):
+        if not isinstance(ctx, BatchContext):
+            return ctx
+        try:
+            n = str(len(steps if steps is not None else engine_steps(b) or ()))
+        except InputError:        # a budget no prefill token fits: the engine forms no step at all
+            n = "no"
+        size, _, spec = chunk_budget(b)
+        tokens = sum(r.extend_tokens for r in b.requests if not r.is_decode)
+        note = (f"judged as one step, as written: {tokens} new tokens are more than {spec['setting']} {size}, so "
+                f"the engine cuts such a forward into {n} steps; as a batch document without "
+                f"as_written: true (or without --as-written) it is judged as those steps")
+        return replace(ctx, notes=tuple(ctx.notes) + (note,))
+
+    pending = report._context_fn
+    if pending is not None:
+        report.defer_context(lambda: with_note(pending()))
+    else:
+        report.context = with_note(report.checked)
     return report
+
+
+def chunk_would_apply(b: Batch) -> bool:
+    """Whether the engine's chunked prefill would cut this forward (more new tokens than a step's
+    budget), without building its steps."""
+    got = chunk_budget(b)
+    if got is None:
+        return False
+    size, _, spec = got
+    reqs = b.requests
+    if isinstance(reqs, RequestColumns):          # a guard's step: read the columns, build no requests
+        tokens, decodes = reqs.total_extend(), len(reqs) - reqs.decode_from
+    else:
+        tokens = sum(r.extend_tokens for r in reqs if not r.is_decode)
+        decodes = sum(1 for r in reqs if r.is_decode)
+    charged = decodes + (len(b.running) if b.mixed else 0) if spec.get("mixed_decodes_charged") else 0
+    return tokens > size - charged
 
 
 def check_engine_steps(b: Batch, steps: list, build: str | None = None, split: bool = True) -> Report:
