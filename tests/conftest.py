@@ -103,7 +103,7 @@ def pure_python(monkeypatch) -> None:
 # formats, the log reader - under a minute on two cores. Each of its tests also runs in the full suite.
 QUICK_MODULES = frozenset({
     "test_oracle", "test_rules_fmla", "test_formula", "test_flashmla_data", "test_rule_definitions",
-    "test_modes", "test_engine_batches", "test_chunked_prefill", "test_one_step_verdict", "test_verdict_path",
+    "test_modes", "test_engine_batches", "test_chunked_prefill", "test_one_step_verdict",
     "test_cli_quick", "test_ci_github", "test_install_hints", "test_yaml_speed", "test_split_text",
     "test_report_context", "test_server_arg_names", "test_ingest_sglang_log", "test_bisect_cli",
 })

@@ -112,3 +112,9 @@ def test_help_json_examples_wrap_between_tokens(command):
     narrow = flat(run(command + ["--help"], columns=60).stdout)
     broken = [e for e in examples if e not in narrow]
     assert not broken, broken
+
+
+def test_root_help_names_the_module_entry_and_the_settings_order():
+    out = " ".join(run(["--help"], columns=200).stdout.split())
+    assert "python -m validate_batch" in out and "not python -m validator" in out
+    assert "flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml" in out

@@ -70,7 +70,9 @@ app = typer.Typer(
         "* `validate-batch check batches/ --output-format github` (every batch of a directory, as GitHub annotations)\n\n"
         "* `validate-batch probe -q b -t '{\"kind\": \"sparse\", \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
-        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
+        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error.\n\n"
+        "Also runs as `python -m validate_batch` (not `python -m validator`: that name is an unrelated PyPI package). "
+        "Settings: flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml."
     ),
 )
 
