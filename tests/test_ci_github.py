@@ -105,7 +105,9 @@ def test_bisect_sarif_and_github_name_the_error_line():
 
 
 def test_sarif_validates_against_the_sarif_schema():
-    """The SARIF 2.1.0 JSON schema (OASIS, sarif-schema-2.1.0.json) where it is on this machine."""
+    """The SARIF 2.1.0 JSON schema where it is on this machine: OASIS's sarif-schema-2.1.0.json (in the
+    oasis-tcs/sarif-spec repository, sarif-2.1/schema/; read at commit e058381), named by
+    VALIDATE_BATCH_SARIF_SCHEMA; it is not shipped with the tests."""
     jsonschema = pytest.importorskip("jsonschema")
     path = os.environ.get("VALIDATE_BATCH_SARIF_SCHEMA") or str(ROOT / "fixtures" / "sarif" / "sarif-schema-2.1.0.json")
     if not os.path.isfile(path):
