@@ -93,3 +93,12 @@ def test_a_step_judged_as_written_notes_the_chunking():
 def test_as_written_must_be_a_boolean():
     with pytest.raises(validate_batch.InputError, match="as_written"):
         validate_batch.check(doc(8192, as_written="yes"))
+
+
+def test_as_written_in_corpus_mode(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(doc(8192)))
+    (tmp_path / "b.json").write_text(json.dumps(doc(8192, tokens=3874)))     # 11622 rows as written: legal
+    r = CliRunner().invoke(app, ["check", str(tmp_path), "--json"])
+    assert r.exit_code == 0 and [f["status"] for f in json.loads(r.stdout)["files"]] == ["legal", "legal"]
+    r = CliRunner().invoke(app, ["check", str(tmp_path), "--json", "--as-written"])
+    assert r.exit_code == 1 and [f["status"] for f in json.loads(r.stdout)["files"]] == ["illegal", "legal"]

@@ -294,8 +294,7 @@ def check(
     quick = engine is not None or extend is not None or decodes != 0
     try:
         # flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml
-        cfg = config.resolve({"gpu": gpu, "build": build, "select": select, "ignore": ignore,
-                              "engine": engine if (quick or engine is not None) else None})
+        cfg = config.resolve({"gpu": gpu, "build": build, "select": select, "ignore": ignore, "engine": engine})
         gpu, build, select, ignore = cfg["gpu"], cfg["build"], cfg["select"], cfg["ignore"]
         default_engine = cfg["engine"]
         if quick:
@@ -314,7 +313,7 @@ def check(
         except InputError as e:
             output.error(e)
         raise typer.Exit(check_corpus(files, gpu, build, output, sel, ign, stats, exit_zero, recursive,
-                                      default_engine))
+                                      default_engine, as_written))
     if len(files) > 1:
         output.fail("FILE: a quick batch (--engine) or --example is checked alone, without FILE arguments")
     file = files[0] if files else None
@@ -438,7 +437,8 @@ def corpus_files(directory: str, recursive: bool = False) -> list[str]:
 
 
 def check_corpus(inputs, gpu, build, output: Output, select: list[str], ignore: list[str],
-                 stats: bool, exit_zero: bool, recursive: bool = False, engine: Optional[str] = None) -> int:
+                 stats: bool, exit_zero: bool, recursive: bool = False, engine: Optional[str] = None,
+                 as_written: bool = False) -> int:
     """Corpus mode: check every file of ``inputs`` (a directory, or a list of files and directories,
     each directory's files sorted); a bad file is listed with its one-line error and the others are
     still checked. Returns the exit code: 2 any bad input, 1 any illegal, else 0."""
@@ -456,7 +456,7 @@ def check_corpus(inputs, gpu, build, output: Output, select: list[str], ignore: 
     units, reports = [], []
     for path in files:
         try:
-            report, _ = check_documents(path, gpu, build, engine)
+            report, _ = check_documents(path, gpu, build, engine, as_written)
         except InputError as e:
             units.append(formats.bad_input_unit(path, e))
             reports.append(None)
