@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 from ..api import check as check_input
 from ..errors import InputError
+from ..install_hints import install_hint
 from ..guard.checker import Checker
 from ..facts.knowledge import build_names, resolve_gpu
 from .search import largest_legal
@@ -421,8 +422,6 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
-        from ..install_hints import install_hint  # noqa: PLC0415
-
         raise InputError("-o", f"PNG/SVG output needs matplotlib: {install_hint('map')} "
                          "(terminal, JSON and CSV output work without it)") from None
     return plt
