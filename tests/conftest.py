@@ -96,3 +96,23 @@ def pure_python(monkeypatch) -> None:
     from validate_batch import _accel
 
     monkeypatch.setattr(_accel, "compiled", None)
+
+
+# The quick subset (`pytest -m quick`, README "Tests"): a module or two per part of the tool - the
+# recorded H200 ground truth, the rules, the engine batches and chunking, the command line and its CI
+# formats, the log reader - under a minute on two cores. Each of its tests also runs in the full suite.
+QUICK_MODULES = frozenset({
+    "test_oracle", "test_rules_fmla", "test_formula", "test_flashmla_data", "test_rule_definitions",
+    "test_modes", "test_engine_batches", "test_chunked_prefill", "test_one_step_verdict",
+    "test_cli_quick", "test_ci_github", "test_install_hints", "test_yaml_speed", "test_split_text",
+    "test_report_context", "test_server_arg_names", "test_ingest_sglang_log", "test_bisect_cli",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    quick = pytest.mark.quick
+    for item in items:
+        module = getattr(item, "module", None)
+        name = module.__name__.rsplit(".", 1)[-1] if module is not None else ""
+        if name in QUICK_MODULES and item.get_closest_marker("slow") is None:
+            item.add_marker(quick)

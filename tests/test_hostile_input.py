@@ -10,6 +10,9 @@ import sys
 import time
 
 import pytest
+
+pytest.importorskip("hypothesis")     # the test extra: without it these tests are skipped, not an error
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner

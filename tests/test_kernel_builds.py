@@ -90,9 +90,9 @@ def test_env_without_anything_installed(monkeypatch):
     assert d["builds"] == [] and d["torch"]["installed"] is False
     assert d["kernel_mode"]["available"] is False and "torch is not installed" in d["kernel_mode"]["reason"]
     assert d["kernel_gen_auto"]["generation"] == "flashmla-9241ae3"      # rules/flashmla.json's default
-    assert any("validate-batch[kernel]" in h for h in d["install"])
+    assert any("pip install '.[kernel]'" in h for h in d["install"])
     r = CliRunner().invoke(app, ["doctor"])
-    assert r.exit_code == 3 and "none installed" in r.stdout and "validate-batch[kernel]" in r.stdout
+    assert r.exit_code == 3 and "none installed" in r.stdout and "pip install '.[kernel]'" in r.stdout
 
 
 def test_env_with_sgl_flash_mla_and_vllm(monkeypatch, tmp_path):

@@ -150,6 +150,29 @@ def test_without_matplotlib_pictures_fail_clearly(monkeypatch, tmp_path):
 
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     res = CliRunner().invoke(app, ["map", "--example", "dsv4-prefill-3x4096", "--y-max", "2", "-o", str(tmp_path / "m.svg")])
-    assert res.exit_code == 2 and "validate-batch[map]" in res.output
+    assert res.exit_code == 2 and "pip install '.[map]'" in res.output and "matplotlib>=3.5" in res.output
     res = CliRunner().invoke(app, ["map", "--example", "dsv4-prefill-3x4096", "--y-max", "2", "-o", str(tmp_path / "m.csv")])
     assert res.exit_code == 0
+
+
+def test_map_progress_and_picture_size(tmp_path):
+    """`map` says how far it is (rows done of rows), and one panel is a readable picture (800 x 600 px,
+    not 336 x 320)."""
+    import struct
+
+    pytest.importorskip("matplotlib")
+    seen = []
+    from validate_batch.inputs.documents import example_path, load_documents
+    from validate_batch.legality.maps import Source, legality_map
+
+    doc = load_documents(example_path("dsv4-prefill-3x4096"))[0]
+    m = legality_map(Source("engine", doc), y_max=3, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 4), (2, 4), (3, 4), (4, 4)] and len(m.rows) == 4
+    out = tmp_path / "m.png"
+    res = CliRunner().invoke(app, ["map", "--example", "dsv4-prefill-3x4096", "--y-max", "3", "--progress", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert [ln for ln in res.stderr.splitlines() if ln.startswith("map: ")] == [f"map: {i}/4 rows" for i in (1, 2, 3, 4)]
+    head = out.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (800, 600)
+    res = CliRunner().invoke(app, ["map", "--example", "dsv4-prefill-3x4096", "--y-max", "3", "-o", str(tmp_path / "q.csv")])
+    assert res.exit_code == 0 and "map: " not in res.stderr          # not a terminal, not asked for: quiet

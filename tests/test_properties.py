@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("hypothesis")     # the test extra: without it these tests are skipped, not an error
+
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

@@ -16,6 +16,9 @@ from types import SimpleNamespace
 
 import pytest
 import vllm_release
+
+pytest.importorskip("hypothesis")     # the test extra: without it these tests are skipped, not an error
+
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 

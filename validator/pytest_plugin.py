@@ -39,14 +39,23 @@ def _checker(**engine):
     return Checker(**{k: v for k, v in engine.items() if v is not None})
 
 
-def _report(batch: Any, checker):
+def _report(batch: Any, checker, as_written: bool | None = None):
     from .legality.report import Report
 
     if isinstance(batch, Report):
         return batch
     if hasattr(batch, "legal") and hasattr(batch, "report") and not isinstance(batch, type):  # a Verdict
         return batch.report if batch.report is not None else Report([])
-    return checker.check(batch)
+    return checker.check(batch, as_written=as_written)
+
+
+def _legal_message(report) -> str:
+    """Why a batch expected to be illegal is legal: with the engine's chunk steps, when it was judged by them."""
+    from .output.explain import chunk_lines
+
+    ctx = report.context or {}
+    extra = chunk_lines(ctx)
+    return "expected an illegal batch, but it is legal" + ("\n" + "\n".join(extra) if extra else "")
 
 
 def failure_message(report, what: str = "batch") -> str:
@@ -55,29 +64,30 @@ def failure_message(report, what: str = "batch") -> str:
     return explain(report, what=what)
 
 
-def assert_batch_legal(batch: Any, **engine):
+def assert_batch_legal(batch: Any, *, as_written: bool | None = None, **engine):
     """Fail the calling test, with the findings and the safe split, if ``batch`` is illegal.
 
     ``batch``: an engine object, a :class:`~validate_batch.inputs.batch.Batch`, a batch document, a Report or a
     Verdict. ``engine``: ``engine``, ``gpu``, ``server_args``, ``model``, ``buffers``, ``kernel``
-    (a document's own fields win over these). Returns the report when legal.
+    (a document's own fields win over these). ``as_written=True``: a batch document the engine
+    would chunk is judged as one step, as written (see :meth:`Checker.check`). Returns the report when legal.
     """
     __tracebackhide__ = True        # the failure points at the calling test's line
-    report = _report(batch, _checker(**engine))
+    report = _report(batch, _checker(**engine), as_written)
     if not report.legal:
         pytest.fail(failure_message(report))
     return report
 
 
-def assert_batch_illegal(batch: Any, *codes: str, **engine):
+def assert_batch_illegal(batch: Any, *codes: str, as_written: bool | None = None, **engine):
     """Fail the calling test unless ``batch`` is illegal (and, if given, breaks every rule in ``codes``).
 
     ``codes``: rule codes that must each be broken (case-insensitive); other broken rules are
     allowed. ``engine``: as for :func:`assert_batch_legal`. Returns the report."""
     __tracebackhide__ = True
-    report = _report(batch, _checker(**engine))
+    report = _report(batch, _checker(**engine), as_written)
     if report.legal:
-        pytest.fail("expected an illegal batch, but it is legal")
+        pytest.fail(_legal_message(report))
     missing = sorted(set(c.upper() for c in codes) - {f.code for f in report.errors})
     if missing:
         pytest.fail(f"expected rule(s) {', '.join(missing)} to be broken; got:\n{failure_message(report)}")
@@ -102,25 +112,25 @@ class BatchValidator:
             self._checkers[key] = _checker(**cfg)
         return self._checkers[key]
 
-    def check(self, batch: Any, **overrides):
+    def check(self, batch: Any, as_written: bool | None = None, **overrides):
         """The full report (never fails the test)."""
-        return _report(batch, self.checker(**overrides))
+        return _report(batch, self.checker(**overrides), as_written)
 
-    def assert_legal(self, batch: Any, **overrides):
+    def assert_legal(self, batch: Any, as_written: bool | None = None, **overrides):
         """Fail the test (at its own line), with the findings and the split, unless ``batch`` is legal."""
         __tracebackhide__ = True
-        report = self.check(batch, **overrides)
+        report = self.check(batch, as_written, **overrides)
         if not report.legal:
             pytest.fail(failure_message(report))
         return report
 
     __call__ = assert_legal
 
-    def assert_illegal(self, batch: Any, *codes: str, **overrides):
+    def assert_illegal(self, batch: Any, *codes: str, as_written: bool | None = None, **overrides):
         """Fail the test unless ``batch`` is illegal and breaks every rule in ``codes`` (e.g.
         ``assert_illegal(doc, "FMLA001", "SGL001")``); returns the report."""
         __tracebackhide__ = True
-        return assert_batch_illegal(self.check(batch, **overrides), *codes)
+        return assert_batch_illegal(self.check(batch, as_written, **overrides), *codes)
 
     def headroom(self, *args, **kwargs):
         return self.checker().headroom(*args, **kwargs)

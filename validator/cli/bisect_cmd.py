@@ -67,11 +67,12 @@ def register(app) -> None:
         select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; prefixes allowed): the other rules neither explain the crash nor bound it."),
         ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped before the crash is explained."),
         stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code over the steps checked (on stderr in the machine formats)."),
+        output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
     ):
         from ..bisect import BisectOptions, diagnose
         from ..ingest import build_config, read_inputs
 
-        output = Output.for_flags(as_json, quiet, output_format)
+        output = Output.for_flags(as_json, quiet, output_format, output_file)
         err_console = output.err_console
         try:
             sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
@@ -107,9 +108,11 @@ def register(app) -> None:
         elif output.is_ci:
             name = log if log is not None else dump
             ex = diag.explained
+            # the error line of the log (when a log was read) is where annotations point
+            line = diag.error.line_no if diag.error is not None and log is not None and log != "-" else None
             output.write(formats.render(output.mode, [{
                 "file": name, "name": name, "status": "illegal" if ex is not None else "legal",
-                "findings": [f for f in (ex.findings if ex is not None else [])], "error": None}]))
+                "findings": [f for f in (ex.findings if ex is not None else [])], "error": None, "line": line}]))
             if stats:
                 formats.render_statistics(counts, output.err_console)
         elif not output.is_quiet:

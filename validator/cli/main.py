@@ -18,7 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .. import _accel
-from . import bisect_cmd as cli_bisect, kernel_cmd as cli_kernel, map_cmd as cli_map
+from . import bisect_cmd as cli_bisect, config, helptext, kernel_cmd as cli_kernel, map_cmd as cli_map
 from ..output import formats
 from ..api import check_plan
 from ..errors import InputError
@@ -51,6 +51,8 @@ from ..legality.standing import build_counts, rule_standing, worst
 from .session import check_documents, split_device_header
 from ..inputs.streaming import CallRecords
 
+helptext.apply()      # FILE, INT, TEXT in --help (not {file}, <int>, <list[str]>, <bool>)
+
 app = typer.Typer(
     name="validate-batch",
     add_completion=True,
@@ -63,13 +65,15 @@ app = typer.Typer(
         "Examples:\n\n"
         "* `validate-batch check --example dsv4-prefill-3x4096`\n\n"
         "* `validate-batch metadata --json fixtures/oracle/flashmla_h200_cases.jsonl`\n\n"
-        "* `echo '{\"kind\":\"sparse\",\"b\":12288,\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":512}' | validate-batch check -`\n\n"
+        "* `echo '{\"kind\": \"sparse\", \"b\": 12288, \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 512}' | validate-batch check -`\n\n"
         "* `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`\n\n"
         "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
         "* `validate-batch check batches/ --output-format github` (every batch of a directory, as GitHub annotations)\n\n"
-        "* `validate-batch probe -q b -t '{\"kind\":\"sparse\",\"s_q\":1,\"h_q\":64,\"d_qk\":512,\"topk\":128}'` (on a GPU)\n\n"
+        "* `validate-batch probe -q b -t '{\"kind\": \"sparse\", \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 128}'` (on a GPU)\n\n"
         "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
-        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error."
+        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error.\n\n"
+        "Also runs as `python -m validate_batch` (not `python -m validator`: that name is an unrelated PyPI package). "
+        "Settings: flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml."
     ),
 )
 
@@ -123,6 +127,7 @@ def metadata(
     select: Optional[str] = typer.Option(None, "--select", help="Only these rule codes count (comma-separated; prefixes allowed)."),
     ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped."),
     stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code (on stderr in the machine formats)."),
+    output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
 ):
     """Compute what FlashMLA's scheduler would write for each call: num_sm_parts, tile_scheduler_metadata, num_splits.
 
@@ -130,11 +135,13 @@ def metadata(
 
     * `validate-batch metadata --json fixtures/oracle/flashmla_h200_cases.jsonl`
 
-    * `echo '{"kind":"dense","b":4,"s_q":2,"h_q":128,"seqlens":[10,0,100,7]}' | validate-batch metadata -`
+    * `echo '{"kind": "dense", "b": 4, "s_q": 2, "h_q": 128, "seqlens": [10, 0, 100, 7]}' | validate-batch metadata -`
     """
-    output = Output.for_flags(as_json, quiet, output_format)
+    output = Output.for_flags(as_json, quiet, output_format, output_file)
     out = output.console
     try:
+        cfg = config.resolve({"gpu": gpu, "build": build, "select": select, "ignore": ignore})
+        gpu, build, select, ignore = cfg["gpu"], cfg["build"], cfg["select"], cfg["ignore"]
         sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
     except InputError as e:
         output.error(e)
@@ -222,7 +229,7 @@ def metadata(
 
 @app.command()
 def check(
-    file: Optional[str] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin), or a directory: every *.yaml, *.yml, *.json, *.jsonl in it, sorted (corpus mode)."),
+    file: Optional[list[str]] = typer.Argument(None, help="Call record(s) or an engine batch (JSON/JSONL/YAML; '-' = stdin); or several files, or a directory (every *.yaml, *.yml, *.json, *.jsonl in it, sorted): corpus mode, one verdict per file."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
     build: Optional[str] = typer.Option(None, "--build", "--kernel-gen", help=KERNEL_GEN_HELP),
     example: Optional[str] = typer.Option(None, "--example", help="Check a built-in example instead of FILE (e.g. dsv4-prefill-3x4096)."),
@@ -247,6 +254,8 @@ def check(
     ignore: Optional[str] = typer.Option(None, "--ignore", help="Rule codes (or prefixes) whose findings are dropped after the check; the safe split still considers every rule."),
     stats: bool = typer.Option(False, "--statistics", help="At the end, the number of findings per rule code."),
     recursive: bool = typer.Option(False, "--recursive", "-r", help="Corpus mode: also the files in subdirectories."),
+    output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
+    as_written: bool = typer.Option(False, "--as-written", help="Judge an engine batch as one step, as written, even where the engine's chunked prefill would cut it into several steps (the default judges those steps and shows both)."),
 ):
     """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input, 5 (with
     --strict-provenance) the verdict rests on a fact read from source or a binary, not measured.
@@ -278,26 +287,43 @@ def check(
 
     * `validate-batch check --example dsv4-prefill-3x4096 --strict-provenance` (exit 5 unless every fact behind the verdict was measured on the build)
 
-    * `echo '{"kind":"sparse","b":11623,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch check -`
+    * `echo '{"kind": "sparse", "b": 11623, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}' | validate-batch check -`
     """
-    output = Output.for_flags(as_json, quiet, output_format)
+    output = Output.for_flags(as_json, quiet, output_format, output_file)
     out = output.console
+    files = [file] if isinstance(file, str) else list(file or [])
+    quick = engine is not None or extend is not None or decodes != 0
     try:
+        # flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml
+        cfg = config.resolve({"gpu": gpu, "build": build, "select": select, "ignore": ignore, "engine": engine})
+        gpu, build, select, ignore = cfg["gpu"], cfg["build"], cfg["select"], cfg["ignore"]
+        default_engine = cfg["engine"]
+        if quick:
+            engine = default_engine
         sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
     except InputError as e:
         output.error(e)
-    if file is not None and engine is None and example is None and os.path.isdir(file):
+    if quick and engine is None:
+        output.fail("--engine: a quick batch (--extend, --decode) needs an engine profile "
+                    "(--engine, VALIDATE_BATCH_ENGINE or [tool.validate-batch] engine)")
+    if files and engine is None and example is None and (len(files) > 1 or os.path.isdir(files[0])):
         if run_kernel or reproduce or across_builds:
-            output.fail("--kernel, --reproduce and --across-builds check one file, not a directory")
+            output.fail("--kernel, --reproduce and --across-builds check one file, not a directory or several files")
         try:
             build = kernel_option(build, output)
         except InputError as e:
             output.error(e)
-        raise typer.Exit(check_corpus(file, gpu, build, output, sel, ign, stats, exit_zero, recursive))
+        raise typer.Exit(check_corpus(files, gpu, build, output, sel, ign, stats, exit_zero, recursive,
+                                      default_engine, as_written))
+    if len(files) > 1:
+        output.fail("FILE: a quick batch (--engine) or --example is checked alone, without FILE arguments")
+    file = files[0] if files else None
     try:
         build = kernel_option(build, output)
         if engine is not None:
             doc = batch_doc_from_flags(engine, mode, extend, prefix, decodes, seq_len, slots, server_arg, gpu, env)
+            if as_written:
+                doc["as_written"] = True
 
             def run(k):
                 return check_batch_document(doc, gpu=gpu, build=k)
@@ -308,7 +334,7 @@ def check(
                 raise InputError("FILE", "give a file, '-' for stdin, --example NAME, or a quick batch with --engine")
 
             def run(k):
-                return check_documents(file, gpu, k)
+                return check_documents(file, gpu, k, default_engine, as_written)
         report, payload = run(build)
         filter_findings(report, sel, ign)
         matrix = across(run, report, payload) if across_builds else None
@@ -411,17 +437,27 @@ def corpus_files(directory: str, recursive: bool = False) -> list[str]:
     return sorted(found)
 
 
-def check_corpus(directory: str, gpu, build, output: Output, select: list[str], ignore: list[str],
-                 stats: bool, exit_zero: bool, recursive: bool = False) -> int:
-    """Corpus mode: check every file of ``directory``; a bad file is listed with its one-line error
-    and the others are still checked. Returns the exit code: 2 any bad input, 1 any illegal, else 0."""
-    files = corpus_files(directory, recursive)
-    if not files:
-        output.fail(f"FILE: no *.yaml, *.yml, *.json or *.jsonl files in directory {echo(directory)}")
+def check_corpus(inputs, gpu, build, output: Output, select: list[str], ignore: list[str],
+                 stats: bool, exit_zero: bool, recursive: bool = False, engine: Optional[str] = None,
+                 as_written: bool = False) -> int:
+    """Corpus mode: check every file of ``inputs`` (a directory, or a list of files and directories,
+    each directory's files sorted); a bad file is listed with its one-line error and the others are
+    still checked. Returns the exit code: 2 any bad input, 1 any illegal, else 0."""
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    files = []
+    for item in inputs:
+        if os.path.isdir(item):
+            found = corpus_files(item, recursive)
+            if not found:
+                output.fail(f"FILE: no *.yaml, *.yml, *.json or *.jsonl files in directory {echo(item)}")
+            files.extend(found)
+        else:
+            files.append(item)      # a missing or unreadable file is that file's bad input
+    directory = inputs[0] if len(inputs) == 1 else " ".join(inputs)
     units, reports = [], []
     for path in files:
         try:
-            report, _ = check_documents(path, gpu, build)
+            report, _ = check_documents(path, gpu, build, engine, as_written)
         except InputError as e:
             units.append(formats.bad_input_unit(path, e))
             reports.append(None)
@@ -431,7 +467,7 @@ def check_corpus(directory: str, gpu, build, output: Output, select: list[str], 
         reports.append(report.document(SCHEMA_VERSIONS["report"]))
     counts = formats.statistics(units)
     if output.mode == "json":
-        doc = {"schema": SCHEMA_VERSIONS["corpus"], "directory": directory,
+        doc = {"schema": SCHEMA_VERSIONS["corpus"], "directory": directory, "inputs": inputs,
                "files": [{"file": u["file"], "status": u["status"],
                           "codes": sorted({f["code"] for f in u["findings"]}), "error": u["error"], "report": r}
                          for u, r in zip(units, reports)],
@@ -450,13 +486,14 @@ def check_corpus(directory: str, gpu, build, output: Output, select: list[str], 
             render_statistics(counts, output.err_console)
     elif not output.is_quiet:
         out = output.console
-        t = Table("file", "verdict", "rules", title=f"{len(units)} file(s) in {directory}")
+        t = Table("file", "verdict", "rules", title=f"{len(units)} file(s) in {directory}" if len(inputs) == 1
+                  and os.path.isdir(inputs[0]) else f"{len(units)} file(s)")
         style = {"legal": "green", "illegal": "red", "bad_input": "yellow"}
         for u in units:
             rules = (u["error"] or "") if u["status"] == "bad_input" else \
                 ", ".join(sorted({f["code"] for f in u["findings"]})) or "-"
             word = {"legal": "legal", "illegal": "ILLEGAL", "bad_input": "bad input"}[u["status"]]
-            t.add_row(Text(u["file"], no_wrap=True), Text(word, style=style[u["status"]]), Text(rules))
+            t.add_row(Text(u["file"], overflow="fold"), Text(word, style=style[u["status"]]), Text(rules))
         out.print(t)
         n = {k: sum(u["status"] == k for u in units) for k in ("legal", "illegal", "bad_input")}
         out.print(f"{len(units)} file(s): {n['legal']} legal, {n['illegal']} illegal, {n['bad_input']} bad input")
@@ -491,11 +528,23 @@ def render_across(matrix: list[dict], out) -> None:
     t = Table("build", "verdict", "rules", title="the same input on every known FlashMLA build")
     for r in matrix:
         style = "red" if not r["legal"] else ("yellow" if r["warnings"] else "green")
-        t.add_row(Text(r["build"] + (" *" if r["runs_here"] else ""), no_wrap=True), Text(r["outcome"], style=style),
+        t.add_row(Text(("* " if r["runs_here"] else "  ") + r["build"], overflow="fold"), Text(r["outcome"], style=style),
                   ", ".join(r["errors"] + r["warnings"]) or "-")
     out.print(t)
     out.print("* the build this check judged by (named with --build, or the one the engine version ships); "
               "`validate-batch builds` says what is measured and what is read from source or binary")
+
+
+def kernels_text(kernels: dict) -> str:
+    """A build's kernels by use_legacy / path, one per line: ``path: kernel``, a per-SM-generation
+    choice as ``path (SM90): kernel``; ``*`` is every path."""
+    lines = []
+    for path, k in kernels.items():
+        if isinstance(k, dict):
+            lines.extend(f"{path} (SM{gen}0): {v}" for gen, v in k.items())
+        else:
+            lines.append(f"{path}: {k}")
+    return "\n".join(lines)
 
 
 @app.command("builds")
@@ -516,7 +565,7 @@ def builds_cmd(as_json: bool = typer.Option(False, "--json", help="The builds as
     t = Table("build", "kernels (by use_legacy / path)", "facts", "rule facts measured / read")
     for r in rows:
         c = r["provenance"]
-        t.add_row(r["build"], ", ".join(f"{k}: {v}" for k, v in r["kernels"].items()), r["status"],
+        t.add_row(r["build"], kernels_text(r["kernels"]), r["status"],
                   "\n".join(f"{gpu}: {n['measured']} / {n['read']}" for gpu, n in c.items()))
     output.console.print(t)
     output.console.print("`validate-batch explain CODE` says which of a rule's facts are measured on which build.")

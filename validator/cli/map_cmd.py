@@ -1,6 +1,8 @@
 """The ``map`` subcommand: a legality map of one configuration over two axes, per build."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import json
 from pathlib import Path
 from typing import List, Optional
@@ -41,9 +43,9 @@ Examples:
 
 * `validate-batch map --engine sglang-dsv4@post-25418 --server-arg speculative_num_draft_tokens=4 --x requests --y draft_tokens -o verify.json`
 
-* `echo '{"kind":"sparse","b":8192,"s_q":1,"h_q":64,"d_qk":512,"topk":128}' | validate-batch map - --x b --y s_q`
+* `echo '{"kind": "sparse", "b": 8192, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}' | validate-batch map - --x b --y s_q`
 
-Output by -o's extension: .png / .svg (needs matplotlib: pip install 'validate-batch[map]'),
+Output by -o's extension: .png / .svg (needs matplotlib: pip install matplotlib, or from a checkout pip install '.[map]'),
 .json, .csv (one line per region segment); without -o a character grid on the terminal.
 Exit codes: 0 map written, 2 bad input, 4 internal error.
 """
@@ -102,6 +104,31 @@ def _at(m, p) -> str:
     return s.kind + (f" ({'+'.join(s.codes)})" if s.codes else "")
 
 
+@contextmanager
+def _progress(console, wanted: Optional[bool]):
+    """A ``progress(done, total)`` callback for the map's rows: a bar on a terminal, else (when asked
+    for with --progress) a line at every tenth of the rows; None when not wanted."""
+    if wanted is False or (wanted is None and not console.is_terminal):
+        yield None
+        return
+    if console.is_terminal:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn  # noqa: PLC0415
+
+        with Progress(TextColumn("map rows"), BarColumn(), MofNCompleteColumn(), console=console, transient=True) as bar:
+            task = bar.add_task("map", total=None)
+            yield lambda done, total: bar.update(task, completed=done, total=total)
+        return
+    shown = [0]
+
+    def line(done: int, total: int) -> None:
+        step = max(1, total // 10)
+        if done == total or done - shown[0] >= step:
+            shown[0] = done
+            console.print(f"map: {done}/{total} rows", markup=False, highlight=False)
+
+    yield line
+
+
 def register(app) -> None:
     @app.command("map", help=HELP)
     def map_cmd(
@@ -121,6 +148,7 @@ def register(app) -> None:
         kernel_gen: Optional[str] = typer.Option(None, "--build", "--kernel-gen", help=KERNEL_GEN_HELP),
         across_builds: bool = typer.Option(False, "--across-builds", help="The same map on every known FlashMLA build, side by side."),
         out_file: Optional[str] = typer.Option(None, "-o", "--output", help="Write .png, .svg, .json or .csv (by extension); none: the terminal."),
+        progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Rows mapped so far, on stderr (default: when stderr is a terminal)."),
     ):
         output = Output()
         try:
@@ -143,8 +171,9 @@ def register(app) -> None:
                     raise InputError("FILE", "give a batch file, '-' for stdin, --example NAME, or --engine PROFILE")
                 src = source_from_documents(load_documents(file), gpu)
             kw = dict(x_min=x_min, x_max=x_max, y_min=y_min, y_max=y_max, y_step=y_step, point=_point(mark))
-            maps = (maps_across_builds(src, x, y, **kw) if across_builds
-                    else [legality_map(src, x, y, kernel_build=kernel, **kw)])
+            with _progress(output.err_console, progress) as tick:
+                maps = (maps_across_builds(src, x, y, progress=tick, **kw) if across_builds
+                        else [legality_map(src, x, y, kernel_build=kernel, progress=tick, **kw)])
             if ext in IMAGE_FORMATS:
                 save_image(maps, out_file)
             elif ext == "json":

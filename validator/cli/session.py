@@ -23,11 +23,18 @@ def split_device_header(docs: list, gpu_opt: Optional[str]) -> tuple[list, GPU]:
     return docs, gpu or resolve_gpu("H200")
 
 
-def check_documents(path: str, gpu: Optional[str], build: Optional[str]) -> tuple[Report, dict]:
-    """Read FILE and check it: either call records (oracle format) or one engine batch."""
+def check_documents(path: str, gpu: Optional[str], build: Optional[str],
+                    engine: Optional[str] = None, as_written: bool = False) -> tuple[Report, dict]:
+    """Read FILE and check it: either call records (oracle format) or one engine batch (``engine``:
+    the profile of a batch that names none, from ``[tool.validate-batch]`` or the environment)."""
     docs = load_documents(path)
     if len(docs) == 1 and is_batch_document(docs[0]):
-        return check_batch_document(docs[0], gpu=gpu, build=build)
+        doc = docs[0]
+        if engine is not None and "engine" not in doc and "profile" not in doc:
+            doc = {**doc, "engine": engine}
+        if as_written:
+            doc = {**doc, "as_written": True}
+        return check_batch_document(doc, gpu=gpu, build=build)
     if any(is_batch_document(d) for d in docs):
         raise InputError("FILE", "one engine batch per file (or a list of call records), not a mix")
     docs, g = split_device_header(docs, gpu)

@@ -530,8 +530,10 @@ class Dsv4Profile(Profile):
         parts = " + ".join(f"{v} {k.replace('_', ' ')}" for k, v in bp.row_breakdown.items() if v)
         limit = (f"decode-kernel limit {bp.max_rows} rows" if bp.max_rows is None or bp.max_rows < MAX_ROWS
                  else "no decode-kernel row limit on this build")
-        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts}); {limit}",
+        lines = [f"  FlashMLA query rows b = {bp.rows} ({parts or 'no new tokens'}); {limit}",
                  f"  routing: {bp.routing['reason']}"]
+        if bp.rows == 0:
+            lines.append("  (no query rows: the calls below are planned with b = 1, the least a call can have)")
         for c in bp.calls:
             extra = f", num_sm_parts {c.plan.num_sm_parts}" if c.plan.num_sm_parts else ""
             lines.append(f"    {c.name}: {c.kernel} {c.call.summary()}{extra}")

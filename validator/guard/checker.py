@@ -51,7 +51,7 @@ from ..engines.forward import draft_tokens, query_rows
 from .headroom import Headroom, headroom
 from ..facts.limits import echo
 from ..facts.names import BATCH_SETTINGS, FORWARD_MODES, SETTINGS, check_server_arg, normalize_setting, parse_mode
-from ..legality.pipeline import check_engine_batch, check_engine_steps
+from ..legality.pipeline import chunk_would_apply, check_engine_batch, check_engine_steps, note_as_written
 from ..engines import engine_family
 from ..legality.report import Report
 
@@ -175,6 +175,12 @@ def _object_settings(obj: Any) -> list:
     if struct_fields is not None:
         items += [(f, getattr(obj, f, None)) for f in struct_fields]
     return items
+
+
+def _as_written(report: Report, b: Batch) -> Report:
+    """``report`` of a dispatched step; noted (when its context is read) where the engine's chunked
+    prefill would have cut a forward of that many new tokens."""
+    return note_as_written(report, b) if chunk_would_apply(b) else report
 
 
 # ----------------------------------------------------------------------------------- the checker
@@ -419,7 +425,7 @@ class Checker:
     # ------------------------------------------------------------------------------ public API
     def verdict(self, step: Any = None, extend_lens: Any = None, seq_lens: Any = None, req_pool_indices: Any = None,
                 *, forward_mode: Any = None, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,
-                padded_rows: int | None = None) -> Verdict:
+                padded_rows: int | None = None, as_written: bool | None = None) -> Verdict:
         """Is this step legal? The fast path: no schedule, no report when it is.
 
         ``step`` is a forward mode name (then the lists describe the step), an engine object, a
@@ -444,7 +450,7 @@ class Checker:
             report = self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
             return LEGAL if report.legal else Verdict(False, report)
         if isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
-            report = self.check(step)
+            report = self.check(step, as_written=as_written)
             return LEGAL if report.legal else Verdict(False, report)
         fs = adapters.fast_step(step, self)
         if fs is None:  # idle
@@ -457,13 +463,21 @@ class Checker:
 
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:
         cols = self._columns(mode, n, ext, seq, pre, slots, k, rids)
-        return check_engine_batch(self._batch(mode, cols, pad, k), build=self.kernel, split=self.split,
-                                  memo=self.schedule_memo, setup=self._setup, bounds=self._bounds)
+        b = self._batch(mode, cols, pad, k)
+        return _as_written(check_engine_batch(b, build=self.kernel, split=self.split, memo=self.schedule_memo,
+                                              setup=self._setup, bounds=self._bounds), b)
 
     def check(self, step: Any = None, extend_lens: Any = None, seq_lens: Any = None, req_pool_indices: Any = None,
               *, forward_mode: Any = None, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,
-              padded_rows: int | None = None) -> Report:
-        """The full report of one step (schedule, every rule, safe split when illegal)."""
+              padded_rows: int | None = None, as_written: bool | None = None) -> Report:
+        """The full report of one step (schedule, every rule, safe split when illegal).
+
+        A step given as lists, an engine object or a :class:`Batch` is what the engine dispatches:
+        it is judged as written (where the engine's chunked prefill would have cut a forward of that
+        many new tokens, the report's notes say so). A batch document describes a forward: one the
+        engine would chunk is judged as the engine's steps (``engine_steps`` in the report, with the
+        forward's own verdict under ``as_written``), unless ``as_written=True`` or the document says
+        ``as_written: true``."""
         if forward_mode is None and type(step) is str:
             forward_mode = step
         if forward_mode is not None:
@@ -474,13 +488,16 @@ class Checker:
             self.step_rows(mode, n, ext, k, pad)  # same input errors as the fast path
             return self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
         if isinstance(step, Batch):
-            return check_engine_batch(step, build=self.kernel, split=self.split, memo=self.schedule_memo)
+            return _as_written(check_engine_batch(step, build=self.kernel, split=self.split, memo=self.schedule_memo), step)
         if is_batch_document(step):
             b = batch_from_dict(self._complete(step))
             steps = engine_steps(b)
-            if steps is not None:      # more new tokens than one chunk: the engine's steps
+            if as_written is None:
+                as_written = step.get("as_written") is True
+            if steps is not None and not as_written:    # more new tokens than one chunk: the engine's steps
                 return check_engine_steps(b, steps, self.kernel, self.split)
-            return check_engine_batch(b, build=self.kernel, split=self.split, memo=self.schedule_memo)
+            report = check_engine_batch(b, build=self.kernel, split=self.split, memo=self.schedule_memo)
+            return note_as_written(report, b, steps) if steps is not None else report
         lists = adapters.step_lists(step, self)
         if lists is None:
             return _idle_report()

@@ -417,12 +417,15 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     if not isinstance(doc, Mapping):
         raise InputError("batch", f"expected an object, got {type(doc).__name__}")
     allowed = {"engine", "profile", "gpu", "server_args", "env", "forward_mode", "requests", "running",
-               "padded_rows", "model", "buffers", "label", "name", "expected", "kernel_build", "cuda_graph"}
+               "padded_rows", "model", "buffers", "label", "name", "expected", "kernel_build", "cuda_graph",
+               "as_written"}
     for k in doc:
         if k not in allowed:
             raise InputError(str(k), f"unknown field (known: {', '.join(sorted(allowed))})")
     if "engine" not in doc and "profile" not in doc:
         raise InputError("engine", "missing (an engine profile such as sglang-dsv4 or sglang-slots)")
+    if "as_written" in doc and not isinstance(doc["as_written"], bool):
+        raise InputError("as_written", f"expected true or false, got {echo(doc['as_written'])}")
     profiles = parse_engine(doc.get("engine", doc.get("profile")))
     g = resolve_gpu(gpu if gpu is not None else doc.get("gpu", default_gpu(profiles)))
     sa_raw = doc.get("server_args") or {}

@@ -68,6 +68,12 @@ def echo_text(text: str, limit: int = limits.MAX_ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+def _yaml_loader(yaml: Any) -> Any:
+    """PyYAML's C (libyaml) safe loader when PyYAML was built with it, else the pure-Python one:
+    the same documents and the same safe constructors, about ten times faster on a large batch."""
+    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+
+
 def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
     """One pass over the YAML events (the parser is iterative): nesting, the size once aliases are
     expanded, scalar lengths and integer digits, before anything is built."""
@@ -76,7 +82,7 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
     total = 0
     big_int = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]{%d,}|0o[0-7_]{%d,}|[0-9_]{%d,})" % (
         limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1))
-    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+    for ev in yaml.parse(text, Loader=_yaml_loader(yaml)):
         kind = type(ev).__name__
         if kind in ("MappingStartEvent", "SequenceStartEvent"):
             if len(stack) >= limits.MAX_DEPTH:
@@ -122,11 +128,13 @@ def _yaml_documents(text: str, name: str) -> list[Any]:
         raise InputError("FILE", f"{name}: not JSON, and PyYAML is not installed to read YAML") from None
     try:
         _yaml_precheck(yaml, text, name)
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_yaml_loader(yaml)) if d is not None]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or (getattr(e, "reason", None) if hasattr(e, "reason") else None) or e
+        if "maximum nesting depth" in str(what):     # libyaml's own depth limit, met before the pre-check's
+            raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels") from None
         raise InputError("FILE", f"{name}{where}: neither JSON nor valid YAML: {_one_line(what)}") from None
     except InputError:
         raise

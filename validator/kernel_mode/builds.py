@@ -50,13 +50,14 @@ CURRENT_ONLY_PARAM = "enable_batch_invariant"
 LEGACY_PARAM = "use_legacy"
 
 INSTALL_HINTS = {
-    "sgl-flash-mla": "pip install 'validate-batch[kernel]' (sgl-flash-mla==1.0.0 with a CUDA torch >= 2.14.1), "
-                     "or next to an existing CUDA torch: pip install --no-deps sgl-flash-mla==1.0.0",
+    "sgl-flash-mla": "pip install 'sgl-flash-mla==1.0.0' 'torch>=2.14.1' (a CUDA torch; what the [kernel] extra "
+                     "adds: from a checkout of validate-batch, pip install '.[kernel]'), or next to an existing "
+                     "CUDA torch: pip install --no-deps sgl-flash-mla==1.0.0",
     "flash-mla": "build upstream https://github.com/deepseek-ai/FlashMLA for your GPU (on Hopper: "
                  "FLASH_MLA_DISABLE_SM100=1 pip install --no-build-isolation .)",
     "sgl-kernel": "pip install sgl-kernel (SGLang's kernel wheel; FlashMLA is sgl_kernel.flash_mla)",
-    "torch": "pip install torch (a CUDA build on the GPU host; 'validate-batch[torch]' is the CPU build "
-             "used for CPU reproductions)",
+    "torch": "pip install torch (a CUDA build on the GPU host; for CPU reproductions the CPU build: "
+             "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)",
 }
 
 

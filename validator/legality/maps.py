@@ -29,6 +29,7 @@ from typing import Any, Callable, Mapping
 
 from ..api import check as check_input
 from ..errors import InputError
+from ..install_hints import install_hint
 from ..guard.checker import Checker
 from ..facts.knowledge import build_names, resolve_gpu
 from .search import largest_legal
@@ -316,12 +317,21 @@ def _resize_call(call: Mapping, b: int, s_q: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------- the map
+def _counted(ys: list, progress: Callable[[int, int], None] | None):
+    """``ys`` in order; ``progress(done, total)`` after each row is mapped."""
+    for i, y in enumerate(ys):
+        yield y
+        if progress is not None:
+            progress(i + 1, len(ys))
+
+
 def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "running_decodes", *,
                  x_min: int | None = None, x_max: int | None = None, y_min: int | None = None,
                  y_max: int | None = None, y_step: int | None = None, kernel_build: str | None = None,
-                 point: tuple | None = None) -> LegalityMap:
+                 point: tuple | None = None, progress: Callable[[int, int], None] | None = None) -> LegalityMap:
     """The map of ``src`` over ``x_axis`` (searched) and ``y_axis`` (one row per value) on one build
-    (``kernel_build``; default: the document's, else the one its engine version ships)."""
+    (``kernel_build``; default: the document's, else the one its engine version ships).
+    ``progress(done, total)`` is called after each row."""
     pair = (x_axis, y_axis)
     if pair not in PAIRS:
         raise InputError("--x", f"axes {x_axis} x {y_axis} are not a known pair; pairs: "
@@ -344,7 +354,7 @@ def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "run
         hint_names, raw = _hint_points(checker, lambda v: v)
         config = {"engine": checker.engine, "gpu": checker.gpu.name, "mixed_chunk": checker.mixed_chunk,
                   "server_args": checker.describe()["server_args"]}
-        for y in ys:
+        for y in _counted(ys, progress):
             merged = y if checker.mixed_chunk else 0
 
             def state(x: int, merged=merged) -> tuple:
@@ -357,7 +367,7 @@ def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "run
     elif pair == ("requests", "draft_tokens"):
         build = None
         seq = _seq_len(doc)
-        for y in ys:
+        for y in _counted(ys, progress):
             checker = _checker(src, kernel_build, {"speculative_num_draft_tokens": y})
             build = checker.kernel_build
             names, raw = _hint_points(checker, lambda v, y=y: v // y)
@@ -375,7 +385,7 @@ def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "run
         build = probe.plans[0].gen["build"] if probe.plans else (kernel_build or "")
         config = {"call": {k: v for k, v in doc.items() if not isinstance(v, list)},
                   "gpu": getattr(gpu, "name", str(gpu))}
-        for y in ys:
+        for y in _counted(ys, progress):
             def state(x: int, y=y) -> tuple:
                 return _segment_of(check_input(_resize_call(doc, x, y), gpu=gpu, build=kernel_build))
 
@@ -390,7 +400,14 @@ def maps_across_builds(src: Source, x_axis: str = "prefill_tokens", y_axis: str 
                        **kwargs) -> list[LegalityMap]:
     """The same map on every known FlashMLA build (:func:`validate_batch.facts.knowledge.build_names`)."""
     kwargs.pop("kernel_build", None)
-    return [legality_map(src, x_axis, y_axis, kernel_build=name, **kwargs) for name in build_names()]
+    progress = kwargs.pop("progress", None)
+    names = build_names()
+    out = []
+    for i, name in enumerate(names):
+        # one count over every build: rows done so far, of about len(names) times this map's rows
+        tick = (lambda done, total, i=i: progress(i * total + done, len(names) * total)) if progress else None
+        out.append(legality_map(src, x_axis, y_axis, kernel_build=name, progress=tick, **kwargs))
+    return out
 
 
 # ---------------------------------------------------------------------------------- pictures
@@ -405,7 +422,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
-        raise InputError("-o", "PNG/SVG output needs matplotlib: pip install 'validate-batch[map]' "
+        raise InputError("-o", f"PNG/SVG output needs matplotlib: {install_hint('map')} "
                          "(terminal, JSON and CSV output work without it)") from None
     return plt
 
@@ -472,7 +489,9 @@ def render_figure(maps: list[LegalityMap]):
     n = len(maps)
     cols = min(3, n)
     nrows = -(-n // cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.2 * nrows + 0.8), squeeze=False)
+    # one panel: 8 x 6 in (800 x 600 px at the default 100 dpi); several: 4.8 x 3.8 in each
+    size = (8.0, 6.0) if n == 1 else (4.8 * cols, 3.8 * nrows + 0.8)
+    fig, axes = plt.subplots(nrows, cols, figsize=size, squeeze=False)
     for ax, m in zip(axes.flat, maps):
         _draw(ax, m)
     for ax in list(axes.flat)[n:]:
@@ -486,7 +505,7 @@ def render_figure(maps: list[LegalityMap]):
     return fig
 
 
-def save_image(maps: list[LegalityMap], path: str, dpi: int = 80) -> None:
+def save_image(maps: list[LegalityMap], path: str, dpi: int = 100) -> None:
     """Write the figure to ``path`` (.png or .svg by its extension)."""
     ext = path.rsplit(".", 1)[-1].lower()
     if ext not in IMAGE_FORMATS:

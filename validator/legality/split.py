@@ -246,6 +246,10 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
     ids = reqs.id_list() if isinstance(reqs, RequestColumns) else [r.id for r in reqs]
     settings = _settings(batch, report, bounds)
     bp = report.batch_plan
+    if bp is not None and bp.rows == 0 and any(f.code == "SGL002" for f in report.errors):
+        # nothing to split or chunk: an empty forward is illegal in every step it could become
+        return SafeSplit(False, reason="no split can help: the forward has no query rows (no new tokens); "
+                                       "do not launch attention for an empty forward")
     reason = _no_split(report.errors, bp is not None and any(p.shape_grows_with_rows for p in bp.profiles))
     if reason is not None:
         return SafeSplit(False, reason=reason, settings=settings)

@@ -3,11 +3,13 @@ Lines, GitHub Actions annotations, JUnit XML or SARIF 2.1.0.
 
 A unit is a dict: ``file`` (the path), ``name`` (what a test case is called: the file, or
 ``FILE call N``), ``status`` (``legal`` | ``illegal`` | ``bad_input``), ``findings`` (finding dicts:
-``code``, ``severity``, ``message``, ...) and ``error`` (the one-line bad-input message, or None).
+``code``, ``severity``, ``message``, ...) and ``error`` (the one-line bad-input message, or None);
+optionally ``line`` (the 1-based line of the file the unit is about: a log's error line).
 """
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections import Counter
 from importlib import resources
@@ -128,8 +130,9 @@ def _label(u: dict) -> str:
     return "" if u["name"] == u["file"] else f"{u['name']}: "
 
 
-def _gh(kind: str, file: str, title: str, message: str) -> str:
-    return f"::{kind} file={gh_property(file)},title={gh_property(title)}::{gh_data(message)}"
+def _gh(kind: str, file: str, title: str, message: str, line: int | None = None) -> str:
+    at = f",line={int(line)}" if line else ""
+    return f"::{kind} file={gh_property(file)}{at},title={gh_property(title)}::{gh_data(message)}"
 
 
 def github(units: list[dict]) -> str:
@@ -139,14 +142,14 @@ def github(units: list[dict]) -> str:
     for u in units:
         errors = [f for f in u.get("findings") or () if f["severity"] == "error"]
         if u["status"] == "bad_input":
-            lines.append(_gh("error", u["file"], "bad input", u.get("error") or "bad input"))
+            lines.append(_gh("error", u["file"], "bad input", u.get("error") or "bad input", u.get("line")))
         elif u["status"] == "illegal":
             codes = sorted({f["code"] for f in errors})
             msg = f"{_label(u)}ILLEGAL - " + "; ".join(f"{f['code']} {f['message']}" for f in errors)
-            lines.append(_gh("error", u["file"], ", ".join(codes), msg))
+            lines.append(_gh("error", u["file"], ", ".join(codes), msg, u.get("line")))
         for f in u.get("findings") or ():
             if f["severity"] == "warning":
-                lines.append(_gh("warning", u["file"], f["code"], f"{_label(u)}{f['message']}"))
+                lines.append(_gh("warning", u["file"], f["code"], f"{_label(u)}{f['message']}", u.get("line")))
     return "".join(line + "\n" for line in lines)
 
 
@@ -195,24 +198,95 @@ def first_paragraph(doc: str) -> str:
     return ""
 
 
-def _location(file: str) -> list[dict]:
-    return [{"physicalLocation": {"artifactLocation": {"uri": file.replace("\\", "/")}}}]
+#: where the tool is described (SARIF ``informationUri``), when the installed metadata names no URL
+INFORMATION_URI = "urn:validate-batch:README"
+#: the largest file read to place a result on its line
+REGION_READ_LIMIT = 1 << 20
+#: the key a batch document's step is written under: a result points at its line
+STEP_KEYS = ("requests", "forward_mode", "kind")
 
 
-def sarif(units: list[dict], version: str = "") -> dict:
-    """A SARIF 2.1.0 log: one rule per code found, one result per finding, bad input as tool
-    execution notifications."""
+def tool_version() -> str:
+    """The installed validate-batch version ("0.0.0" from a source tree that is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("validate-batch")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def information_uri() -> str:
+    """The project's URL from the installed metadata (``Project-URL``/``Home-page``), else :data:`INFORMATION_URI`."""
+    from importlib.metadata import PackageNotFoundError, metadata
+
+    try:
+        md = metadata("validate-batch")
+    except PackageNotFoundError:
+        return INFORMATION_URI
+    for v in md.get_all("Project-URL") or ():
+        url = v.split(",", 1)[-1].strip()
+        if url.startswith(("https://", "http://")):
+            return url
+    home = md.get("Home-page") or ""
+    return home if home.startswith(("https://", "http://")) else INFORMATION_URI
+
+
+def region(file: str, line: int | None = None) -> dict:
+    """The region a result of ``file`` points at (1-based, end column exclusive): ``line`` when
+    given, else the line of the step's key (``requests:``, ``"requests":``, ...), else line 1."""
+    text = ""
+    try:
+        if file not in ("", "-") and not file.startswith("example:") and os.path.getsize(file) <= REGION_READ_LIMIT:
+            with open(file, encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+    except OSError:
+        text = ""
+    lines = text.splitlines() or [""]
+    if line is None or not 1 <= line <= len(lines):
+        line = 1
+        for key in STEP_KEYS:
+            pat = re.compile(r"""(^|[{,\s])["']?%s["']?\s*:""" % key)
+            hit = next((i for i, ln in enumerate(lines, 1) if pat.search(ln)), None)
+            if hit is not None:
+                line = hit
+                break
+    body = lines[line - 1]
+    start = len(body) - len(body.lstrip()) + 1
+    return {"startLine": line, "startColumn": start, "endLine": line, "endColumn": max(len(body) + 1, start + 1)}
+
+
+def _location(file: str, line: int | None = None) -> list[dict]:
+    return [{"physicalLocation": {"artifactLocation": {"uri": file.replace("\\", "/")}, "region": region(file, line)}}]
+
+
+def rule_help(r) -> dict:
+    """A rule's SARIF ``help``: its page as text and as Markdown, with the fix and the cited source."""
+    doc = (r.doc or "").strip()
+    tail = f"\n\nHow it fails: {r.failure}\n\nSource: {r.source}\n\n`validate-batch explain {r.code}` prints this page."
+    return {"text": (doc or r.title) + tail, "markdown": f"**{r.code}: {r.title}**\n\n{doc}{tail}"}
+
+
+def sarif(units: list[dict], version: str | None = None) -> dict:
+    """A SARIF 2.1.0 log, with what GitHub code scanning reads: one rule per code found (id, name,
+    short and full description, help, default level, tags, precision), one result per finding with
+    its file and line, the tool's version and information URI; bad input as tool execution
+    notifications."""
     codes = sorted({f["code"] for u in units for f in u.get("findings") or ()})
     rules, index = [], {}
     for c in codes:
         r = get_rule(c)
         index[c] = len(rules)
-        entry = {"id": c, "shortDescription": {"text": r.title if r else c}}
-        full = first_paragraph(r.doc) if r else ""
-        if full:
-            entry["fullDescription"] = {"text": full}
+        entry = {"id": c, "name": c, "shortDescription": {"text": r.title if r else c}}
+        entry["fullDescription"] = {"text": (first_paragraph(r.doc) if r else "") or (r.title if r else c)}
         if r:
+            entry["help"] = rule_help(r)
             entry["defaultConfiguration"] = {"level": SARIF_LEVELS.get(r.severity, "note")}
+            entry["properties"] = {"tags": ["validate-batch", re.sub(r"\d+$", "", c).lower()],
+                                   "precision": "very-high",
+                                   "problem.severity": "recommendation" if r.severity == "info" else r.severity}
+        else:
+            entry["help"] = {"text": f"{c}: see `validate-batch rules`"}
         rules.append(entry)
     results = []
     for u in units:
@@ -220,12 +294,12 @@ def sarif(units: list[dict], version: str = "") -> dict:
             results.append({"ruleId": f["code"], "ruleIndex": index[f["code"]],
                             "level": SARIF_LEVELS.get(f["severity"], "note"),
                             "message": {"text": f"{_label(u)}{f['message']}"},
-                            "locations": _location(u["file"])})
-    notes = [{"level": "error", "message": {"text": u.get("error") or "bad input"}, "locations": _location(u["file"])}
+                            "locations": _location(u["file"], u.get("line"))})
+    notes = [{"level": "error", "message": {"text": u.get("error") or "bad input"},
+              "locations": _location(u["file"], u.get("line"))}
              for u in units if u["status"] == "bad_input"]
-    driver = {"name": "validate-batch", "rules": rules}
-    if version:
-        driver["version"] = version
+    driver = {"name": "validate-batch", "version": version or tool_version(), "informationUri": information_uri(),
+              "rules": rules}
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0",
             "runs": [{"tool": {"driver": driver}, "results": results,
                       "invocations": [{"executionSuccessful": not notes, "toolExecutionNotifications": notes}]}]}

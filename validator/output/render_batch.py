@@ -11,6 +11,13 @@ from .render_findings import render_findings
 from .split_text import piece, split_lines, step_items, wrapped
 
 
+def as_written_line(aw: dict) -> str:
+    """What the forward would be judged as one step (a chunked document's ``as_written``)."""
+    mark = "legal" if aw["legal"] else "ILLEGAL " + ", ".join(aw["codes"])
+    return (f"as written (one step of {aw['query_rows']} rows, as a guard that sees it dispatched judges it): "
+            f"{mark}; --as-written (as_written: true in the document) judges it so")
+
+
 def render_batch(report, payload: dict, console: Console) -> None:
     bp = report.batch_plan
     b = bp.batch
@@ -33,12 +40,16 @@ def render_batch(report, payload: dict, console: Console) -> None:
             shown = "  <- shown below" if st["step"] == es["shown_step"] else ""
             console.print(f"    step {st['step']}: {escape(step_items([piece(c) for c in st['pieces']], 'pieces'))} - "
                           f"{st['query_rows']} rows - {mark}{shown}")
+        aw = es.get("as_written")
+        if aw is not None:
+            console.print(f"  {as_written_line(aw)}")
     for prof in bp.profiles:
         for line in prof.summary_lines(bp):
             console.print(line)
     verdict = "[bold green]LEGAL[/]" if report.legal else "[bold red]ILLEGAL[/]"
     n_err = len(report.errors)
-    console.print(f"verdict: {verdict}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)
+    chunked = f" (as the engine's {len(es['steps'])} chunk steps)" if es else ""
+    console.print(f"verdict: {verdict}{chunked}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)
     render_findings(report.findings, console, provenance=report.provenance)
     console.print(one_line(report.provenance), style="dim" if not report.rests_on_read_facts else None)
     if report.safe_split is not None:

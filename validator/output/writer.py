@@ -42,19 +42,27 @@ def _console(stderr: bool) -> Console:
 class Output:
     """Where a command's results and diagnostics go, in one of :data:`MODES`."""
 
-    def __init__(self, mode: str = "human"):
+    def __init__(self, mode: str = "human", output_file: Optional[str] = None):
         if mode not in MODES:
             raise ValueError(f"output mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode
         self._out: Optional[Console] = None
         self._err: Optional[Console] = None
+        self._file = None
+        if output_file is not None:
+            try:        # created (and emptied) at once: an empty result is still a file
+                self._file = open(output_file, "w", encoding="utf-8")  # noqa: SIM115 (closed at exit)
+            except OSError as e:
+                self.fail(f"--output-file: cannot write {output_file!r}: {e.strerror or e}")
 
     @classmethod
-    def for_flags(cls, as_json: bool = False, quiet: bool = False, output_format: Optional[str] = None) -> "Output":
+    def for_flags(cls, as_json: bool = False, quiet: bool = False, output_format: Optional[str] = None,
+                  output_file: Optional[str] = None) -> "Output":
         """The mode a command's ``--json`` / ``--quiet`` / ``--output-format`` flags ask for (``--json``
-        wins, then ``--quiet``; ``text`` is ``human``). An unknown format is bad input (exit 2)."""
+        wins, then ``--quiet``; ``text`` is ``human``). An unknown format is bad input (exit 2).
+        ``output_file``: the results go to that file instead of stdout (diagnostics stay on stderr)."""
         if as_json:
-            return cls("json")
+            return cls("json", output_file)
         if quiet:
             return cls("quiet")
         fmt = (output_format or "text").strip().lower()
@@ -62,7 +70,12 @@ class Output:
             fmt = "human"
         if fmt not in MODES or fmt == "quiet":
             cls("human").fail(f"--output-format: expected one of text, json, jsonl, github, junit, sarif, got {output_format!r}")
-        return cls(fmt)
+        return cls(fmt, output_file)
+
+    @property
+    def stdout(self):
+        """Where results go: the ``--output-file``, else stdout."""
+        return self._file if self._file is not None else sys.stdout
 
     @property
     def is_ci(self) -> bool:
@@ -81,7 +94,8 @@ class Output:
     def console(self) -> Console:
         """stdout, for human-mode results (markup off unless a call asks for it)."""
         if self._out is None:
-            self._out = _console(stderr=False)
+            self._out = _console(stderr=False) if self._file is None else \
+                Console(file=self._file, highlight=False, soft_wrap=True, markup=False, width=100)
         return self._out
 
     @property
@@ -102,12 +116,14 @@ class Output:
     def write(self, text: str) -> None:
         """Raw text on stdout (nothing when quiet)."""
         if self.mode != "quiet":
-            sys.stdout.write(text)
+            self.stdout.write(text)
+            if self._file is not None:
+                self._file.flush()
 
     def json(self, obj: Any, default: Optional[Callable[[Any], Any]] = None) -> None:
         """One compact JSON document and a newline on stdout (nothing when quiet)."""
         if self.mode != "quiet":
-            sys.stdout.write(json.dumps(obj, separators=(",", ":"), default=default) + "\n")
+            self.write(json.dumps(obj, separators=(",", ":"), default=default) + "\n")
 
     def fail(self, message: str) -> NoReturn:
         """Bad input: ``error: MESSAGE`` on stderr, exit 2."""
