@@ -331,6 +331,10 @@ class Checker:
             else:
                 ext, tokens = list_column_sum(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
             n = len(ext)
+            if self.vllm_steps and n and (mode == "extend" or mode == "mixed") and min(ext) <= 0:
+                # every request of a vLLM step has a scheduled token (the full check refuses it too)
+                i = next(i for i, v in enumerate(ext) if v <= 0)
+                raise InputError(f"extend_lens[{i}]", "0: every request of a vLLM step has at least one scheduled token")
         if seq_lens is not None:
             x = seq_lens[0] if not as_array and seq_lens.__class__ is list and len(seq_lens) == 1 else None
             if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):

@@ -68,6 +68,10 @@ def echo_text(text: str, limit: int = limits.MAX_ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
+# plain scalars PyYAML's safe loader resolves as YAML 1.1 octal or base-60 (sexagesimal) numbers
+_YAML11_ONLY = re.compile(r"[-+]?0[0-7_]+|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
+
+
 def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
     """One pass over the YAML events (the parser is iterative): nesting, the size once aliases are
     expanded, scalar lengths and integer digits, before anything is built."""
@@ -95,6 +99,11 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
             if ev.style is None and len(v) > limits.MAX_DOCUMENT_INT_DIGITS and big_int.fullmatch(v):
                 raise InputError("FILE", f"{name}: an integer of {len(v)} characters is too long "
                                          f"(at most {limits.MAX_DOCUMENT_INT_DIGITS} digits): {echo(v)}")
+            if ev.style is None and ev.tag is None and _YAML11_ONLY.fullmatch(v):
+                # YAML 1.1 reads 012000 as octal (5120) and 1:20 as base 60 (80): JSON, YAML 1.2 and a
+                # person read them as decimal or as text; refused rather than read one way silently
+                raise InputError("FILE", f"{name}: {echo(v)} is an octal or base-60 number in YAML 1.1; "
+                                         f"write it without the leading zero or colon, or quote it")
             if ev.anchor is not None:
                 sizes[ev.anchor] = (1, 0)
             n_here, depth_here = 1, 0
@@ -130,7 +139,8 @@ def _yaml_documents(text: str, name: str) -> list[Any]:
         raise InputError("FILE", f"{name}{where}: neither JSON nor valid YAML: {_one_line(what)}") from None
     except InputError:
         raise
-    except (ValueError, OverflowError, RecursionError) as e:
+    except (ValueError, OverflowError, RecursionError, KeyError, IndexError, AttributeError, TypeError) as e:
+        # a tag over a scalar its constructor does not expect (``!!bool 1``, ``!!int ''``, ``!!timestamp 1``)
         raise InputError("FILE", f"{name}: a YAML value that cannot be read: {_one_line(e)}") from None
     return docs
 

@@ -1,0 +1,190 @@
+"""Hostile input, round two: the newer surfaces (metadata's two passes, corpus mode, vLLM steps, log
+counts, CI output) end in a result or exit 2 with one line, and nothing the input holds reaches a
+terminal or a CI log as a control sequence or a workflow command."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+import validate_batch
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
+from validate_batch.inputs.streaming import CallRecords
+
+TIME_BOUND_S = 10.0
+SPARSE = "kind: sparse\nb: {b}\ns_q: 1\nh_q: 64\nd_qk: 576\ntopk: 64\n"
+CALL = {"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 576, "topk": 64}
+
+
+def _cli(args, stdin=None):
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+    return r, time.monotonic() - t0
+
+
+def _refused(r, took, needle=None):
+    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr[-300:], r.exception)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr[:500]
+    assert lines[0].startswith("error: ")
+    if needle is not None:
+        assert needle in lines[0], lines[0]
+    assert took < TIME_BOUND_S, took
+
+
+# ------------------------------------------------------------------ crashes
+TAGGED = ["!!bool 1", "!!int ''", "!!timestamp 1", "!!float x"]
+
+
+@pytest.mark.parametrize("value", TAGGED)
+@pytest.mark.parametrize("command", [["check"], ["metadata"], ["map", "--x", "b", "--y", "s_q"]])
+def test_yaml_tag_with_an_odd_scalar_is_bad_input(tmp_path, value, command):
+    p = tmp_path / "a.yaml"
+    p.write_text(SPARSE.format(b=value))
+    r, took = _cli([command[0], p, *command[1:]])
+    _refused(r, took, "YAML")
+
+
+def test_one_odd_yaml_file_does_not_abort_the_corpus(tmp_path):
+    (tmp_path / "a.yaml").write_text(SPARSE.format(b="!!bool 1"))
+    (tmp_path / "b.json").write_text(json.dumps(CALL))
+    r, _ = _cli(["check", tmp_path])
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert "2 file(s): 1 legal, 0 illegal, 1 bad input" in r.stdout
+    assert "internal error" not in r.stderr
+
+
+def _records(tmp_path, n=3):
+    p = tmp_path / "calls.jsonl"
+    p.write_text("".join(json.dumps({**CALL, "b": i + 1}) + "\n" for i in range(n)))
+    return p
+
+
+@pytest.mark.parametrize("change", ["edit", "append", "truncate"])
+def test_metadata_second_pass_reads_what_the_first_pass_checked(tmp_path, change):
+    p = _records(tmp_path)
+    recs = CallRecords(str(p), None, None)
+    assert recs.streamed
+    if change == "edit":
+        p.write_text(p.read_text().replace('"b": 2', '"b": "x"'))
+    elif change == "append":
+        with open(p, "a") as fh:
+            fh.write('{"kind": "sparse", "b": "x"}\n')
+    else:
+        with open(p, "r+") as fh:
+            fh.truncate(10)
+    assert [pl.call.b for pl in recs.plans()] == [1, 2, 3]
+
+
+def _sparse_sep_doc(reqs):
+    # fp8 cache and 32 heads per rank (128 / tp 4): vLLM runs decodes and prefills as separate calls
+    return {"engine": "vllm-flashmla-sparse", "forward_mode": "extend",
+            "server_args": {"kv_cache_dtype": "fp8_ds_mla", "tp_size": 4}, "requests": reqs}
+
+
+def test_vllm_sparse_step_with_a_zero_token_request_is_bad_input(tmp_path):
+    reqs = [{"id": "a", "extend_tokens": 0, "prefix_len": 5}, {"id": "b", "extend_tokens": 300}]
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(_sparse_sep_doc(reqs)))
+    _refused(*_cli(["check", p]), "extend_tokens")
+    guard = validate_batch.Checker("vllm-flashmla-sparse", "H200", {"kv_cache_dtype": "fp8_ds_mla", "tp_size": 4})
+    with pytest.raises(InputError):
+        guard.verdict("extend", extend_lens=[0, 300], prefix_lens=[5, 0], seq_lens=[5, 300])
+    with pytest.raises(InputError):
+        validate_batch.check(_sparse_sep_doc(reqs))
+    # one token each is a step vLLM schedules: a result, not an error
+    ok = _sparse_sep_doc([{"id": "a", "extend_tokens": 1, "prefix_len": 5}, {"id": "b", "extend_tokens": 300}])
+    assert validate_batch.check(ok).legal in (True, False)
+
+
+@pytest.mark.parametrize("field", ["#new-seq", "#cached-token", "#running-req"])
+def test_log_counts_past_one_forward_are_refused(tmp_path, field):
+    vals = {"#new-seq": 1, "#new-token": 10, "#cached-token": 0, "#running-req": 0, "#queue-req": 0}
+    vals[field] = 99999999999
+    line = ("[2025-01-01 00:00:00 DP0 TP0] Prefill batch. " + ", ".join(f"{k}: {v}" for k, v in vals.items())
+            .replace("#running-req", "token usage: 0.00, #running-req"))
+    p = tmp_path / "x.log"
+    p.write_text(line + "\n")
+    _refused(*_cli(["bisect", p]), ":1:")
+
+
+def test_log_counts_at_the_request_limit_are_read():
+    from validate_batch.facts.fields import MAX_REQUESTS
+    from validate_batch.ingest.sglang_log import parse_batch_line
+
+    head = "[2025-01-01 00:00:00 DP0 TP0] Prefill batch. #new-seq: {n}, #new-token: 10, #cached-token: 0, " \
+           "token usage: 0.00, #running-req: 0, #queue-req: 0"
+    for n in (MAX_REQUESTS - 1, MAX_REQUESTS):
+        assert parse_batch_line(head.format(n=n), 1).num("new_seq") == n
+    with pytest.raises(InputError):
+        parse_batch_line(head.format(n=MAX_REQUESTS + 1), 1)
+
+
+def test_a_file_name_that_is_not_utf8_under_a_strict_stdout(tmp_path):
+    d = tmp_path.as_posix().encode() + b"/c"
+    os.makedirs(d)
+    with open(d + b"/\xff\xfe.json", "w") as fh:
+        fh.write(json.dumps(CALL))
+    env = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "LC_ALL": "C.UTF-8"}
+    r = subprocess.run([sys.executable, "-m", "validate_batch.cli.main", "check", d.decode()], capture_output=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-500:]
+    assert b"internal error" not in r.stderr and b"1 legal" in r.stdout
+
+
+# ------------------------------------------------------------------ output injection
+def _bad_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.lstrip().startswith("::") or "##[" in ln or "\x1b" in ln
+            or "\x07" in ln or "\r" in ln]
+
+
+HOSTILE = "x\n::error file=a::owned\n##[error]owned \x1b]0;title\x07 \x1b[2J\r"
+
+
+@pytest.mark.parametrize("fmt", ["text", "json", "jsonl", "junit", "sarif"])
+def test_a_label_holds_no_command_or_escape_in_any_format(tmp_path, fmt):
+    doc = {"engine": "sglang-dsv4", "forward_mode": "extend", "label": HOSTILE,
+           "requests": [{"id": HOSTILE, "extend_tokens": 10}]}
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(doc))
+    r, _ = _cli(["check", p, "--output-format", fmt])
+    assert r.exit_code in (0, 1), (r.stdout[-500:], r.stderr[-500:])
+    assert _bad_lines(r.stdout) == [] and _bad_lines(r.stderr) == []
+    if fmt == "text":
+        assert "owned" in r.stdout or "owned" not in HOSTILE
+
+
+def test_github_format_keeps_its_own_commands_only(tmp_path):
+    doc = {"engine": "sglang-dsv4", "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 10}],
+           HOSTILE: 1}
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(doc))
+    r, _ = _cli(["check", p, "--output-format", "github"])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
+    assert lines and all(ln.startswith(("::error file=", "::warning file=")) for ln in lines), r.stdout
+    assert "##[" not in r.stdout and "\x1b" not in r.stdout
+
+
+def test_an_error_line_holds_no_command_or_escape(tmp_path):
+    doc = {"engine": "sglang-dsv4", "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 10}],
+           HOSTILE: 1}
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(doc))
+    r, _ = _cli(["check", p])
+    assert r.exit_code == 2
+    assert _bad_lines(r.stderr) == [] and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_corpus_file_names_hold_no_escape(tmp_path, monkeypatch):
+    (tmp_path / "\x1b[2J##[error]x.json").write_text(json.dumps(CALL))
+    monkeypatch.chdir(tmp_path)
+    r, _ = _cli(["check", "."])
+    assert r.exit_code == 0, r.stderr
+    assert _bad_lines(r.stdout) == [] and "1 legal" in r.stdout and "\\x1b" in r.stdout
