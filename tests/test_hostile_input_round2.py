@@ -188,3 +188,62 @@ def test_corpus_file_names_hold_no_escape(tmp_path, monkeypatch):
     r, _ = _cli(["check", "."])
     assert r.exit_code == 0, r.stderr
     assert _bad_lines(r.stdout) == [] and "1 legal" in r.stdout and "\\x1b" in r.stdout
+
+
+# ------------------------------------------------------------------ hangs
+def _recognised(text):
+    from validate_batch.ingest.recognisers import RECOGNISERS, Recognised
+
+    return Recognised("host_assert", {}, RECOGNISERS[0], text)
+
+
+@pytest.mark.parametrize("line", [
+    "Assertion '" * 10 ** 6,
+    "Assertion `" * 10 ** 6,
+    "Assertion '" * 10 ** 6 + "failed",
+])
+def test_assertion_text_is_linear_in_the_line(line):
+    from validate_batch.ingest.recognisers import assertion_text
+
+    t0 = time.monotonic()
+    got = assertion_text(_recognised(line))
+    assert time.monotonic() - t0 < 2.0
+    assert got == (line.strip() if line.endswith("failed") else None)
+
+
+@pytest.mark.parametrize("text,want", [
+    ("x.cu:10: f: Assertion `a < b' failed.", "Assertion `a < b' failed."),
+    ("RuntimeError: Assertion `s_q == 1` failed (host.h:57): bad", "Assertion `s_q == 1` failed (host.h:57): bad"),
+    ("Assertion 'x' passed\nthen Assertion `y` failed here", "Assertion `y` failed here"),
+    ("failed before: Assertion `x`", None),
+    ("no assertion here failed", None),
+])
+def test_assertion_text_quotes_from_the_keyword_to_the_end_of_its_line(text, want):
+    from validate_batch.ingest.recognisers import assertion_text
+
+    assert assertion_text(_recognised(text)) == want
+
+
+def test_map_requests_axis_stops_at_one_forward():
+    from validate_batch.facts.fields import MAX_REQUESTS
+
+    r, took = _cli(["map", "--engine", "sglang-dsv4", "--x", "requests", "--y", "draft_tokens", "--x-max", 16777216])
+    _refused(r, took, "--x-max")
+    assert str(MAX_REQUESTS) in r.stderr and "requests is absurd" not in r.stderr
+
+
+@pytest.mark.parametrize("x_max", [7, 8, 9])
+def test_map_requests_work_is_bounded(monkeypatch, x_max):
+    import validate_batch.legality.maps as maps
+
+    monkeypatch.setattr(maps, "MAX_MAP_REQUEST_ROWS", 64)     # 8 rows (draft tokens 1..8) of x_max requests
+    r, took = _cli(["map", "--engine", "sglang-dsv4", "--x", "requests", "--y", "draft_tokens", "--x-max", x_max])
+    if x_max * 8 <= 64:
+        assert r.exit_code == 0, r.stderr
+        assert f"1..{x_max}" in r.stdout
+    else:
+        _refused(r, took, "--x-max")
+
+
+def test_map_of_an_empty_document_is_bad_input():
+    _refused(*_cli(["map", "-"], stdin="{}"), "engine")
