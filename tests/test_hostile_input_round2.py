@@ -247,3 +247,40 @@ def test_map_requests_work_is_bounded(monkeypatch, x_max):
 
 def test_map_of_an_empty_document_is_bad_input():
     _refused(*_cli(["map", "-"], stdin="{}"), "engine")
+
+
+def test_a_long_yaml_list_is_refused_in_bounded_time(tmp_path):
+    p = tmp_path / "a.yaml"
+    p.write_text("kind: dense\nb: 1\ns_q: 1\nh_q: 64\nd_qk: 576\nseqlens:\n" + "- 1\n" * 1_000_000)
+    _refused(*_check_file_cli(p), "YAML")
+
+
+def _check_file_cli(p):
+    return _cli(["check", p])
+
+
+@pytest.mark.parametrize("n", [98, 99, 100])
+def test_yaml_values_limit(monkeypatch, n):
+    from validate_batch.facts import limits
+    from validate_batch.inputs.documents import parse_documents
+
+    monkeypatch.setattr(limits, "MAX_YAML_NODES", 100)
+    text = "- 1\n" * n                       # one list and n values: n + 1 nodes
+    if n + 1 <= 100:
+        assert parse_documents(text) == [1] * n
+    else:
+        with pytest.raises(InputError, match="more than 100 values in a YAML document"):
+            parse_documents(text)
+
+
+@pytest.mark.parametrize("text,value", [("b: 012000", None), ("b: 1:20", None), ("b: -017", None),
+                                        ("b: 12000", 12000), ("b: '012000'", "012000"), ("b: 0", 0),
+                                        ("b: 0x10", 16), ("b: 1.5", 1.5)])
+def test_yaml_11_octal_and_base_60_are_refused(text, value):
+    from validate_batch.inputs.documents import parse_documents
+
+    if value is None:
+        with pytest.raises(InputError, match="octal or base-60"):
+            parse_documents(text)
+    else:
+        assert parse_documents(text) == [{"b": value}]

@@ -80,8 +80,14 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
     total = 0
     big_int = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]{%d,}|0o[0-7_]{%d,}|[0-9_]{%d,})" % (
         limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1))
-    for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+    built = 0                                   # nodes the loader will build (aliases share theirs)
+    for ev in yaml.parse(text, Loader=_loader(yaml)):
         kind = type(ev).__name__
+        if kind in ("MappingStartEvent", "SequenceStartEvent", "ScalarEvent"):
+            built += 1
+            if built > limits.MAX_YAML_NODES:
+                raise InputError("FILE", f"{name}: more than {limits.MAX_YAML_NODES} values in a YAML document "
+                                         "(write a larger one as JSON)")
         if kind in ("MappingStartEvent", "SequenceStartEvent"):
             if len(stack) >= limits.MAX_DEPTH:
                 raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
@@ -96,10 +102,10 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
             v = ev.value
             if len(v) > limits.MAX_STRING_CHARS:
                 raise InputError("FILE", f"{name}: a string of {len(v)} characters (at most {limits.MAX_STRING_CHARS})")
-            if ev.style is None and len(v) > limits.MAX_DOCUMENT_INT_DIGITS and big_int.fullmatch(v):
+            if not ev.style and len(v) > limits.MAX_DOCUMENT_INT_DIGITS and big_int.fullmatch(v):
                 raise InputError("FILE", f"{name}: an integer of {len(v)} characters is too long "
                                          f"(at most {limits.MAX_DOCUMENT_INT_DIGITS} digits): {echo(v)}")
-            if ev.style is None and ev.tag is None and _YAML11_ONLY.fullmatch(v):
+            if not ev.style and ev.tag is None and _YAML11_ONLY.fullmatch(v):
                 # YAML 1.1 reads 012000 as octal (5120) and 1:20 as base 60 (80): JSON, YAML 1.2 and a
                 # person read them as decimal or as text; refused rather than read one way silently
                 raise InputError("FILE", f"{name}: {echo(v)} is an octal or base-60 number in YAML 1.1; "
@@ -124,6 +130,12 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
                 raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
 
 
+def _loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, on libyaml's parser when PyYAML was built with it (the same resolver and
+    constructors; scanning and parsing in C)."""
+    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+
+
 def _yaml_documents(text: str, name: str) -> list[Any]:
     try:
         import yaml
@@ -131,11 +143,13 @@ def _yaml_documents(text: str, name: str) -> list[Any]:
         raise InputError("FILE", f"{name}: not JSON, and PyYAML is not installed to read YAML") from None
     try:
         _yaml_precheck(yaml, text, name)
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_loader(yaml)) if d is not None]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or (getattr(e, "reason", None) if hasattr(e, "reason") else None) or e
+        if "maximum nesting depth" in str(what):       # libyaml's own limit, above this one
+            raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels") from None
         raise InputError("FILE", f"{name}{where}: neither JSON nor valid YAML: {_one_line(what)}") from None
     except InputError:
         raise
