@@ -284,3 +284,83 @@ def test_yaml_11_octal_and_base_60_are_refused(text, value):
             parse_documents(text)
     else:
         assert parse_documents(text) == [{"b": value}]
+
+
+# ------------------------------------------------------------------ fail open
+@pytest.mark.parametrize("name,text", [
+    ("a.json", '{"kind": "sparse", "b": 1, "b": 99999, "s_q": 1, "h_q": 64, "d_qk": 576, "topk": 64}'),
+    ("a.jsonl", json.dumps(CALL) + '\n{"kind": "sparse", "b": 1, "b": 2, "s_q": 1, "h_q": 64, "d_qk": 576, "topk": 64}\n'),
+    ("a.yaml", SPARSE.format(b=1) + "b: 99999\n"),
+    ("b.yaml", "engine: sglang-dsv4\nforward_mode: extend\nrequests:\n- {id: a, extend_tokens: 1, extend_tokens: 999999}\n"),
+])
+def test_a_key_given_twice_is_bad_input(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    _refused(*_cli(["check", p]), "twice")
+
+
+def test_keys_once_per_mapping_are_read():
+    from validate_batch.inputs.documents import parse_documents
+
+    assert parse_documents("a: {x: 1}\nb: {x: 2}\nc: [{x: 3}, {x: 4}]") == [
+        {"a": {"x": 1}, "b": {"x": 2}, "c": [{"x": 3}, {"x": 4}]}]
+    assert parse_documents('{"a": {"x": 1}, "b": {"x": 2}}') == [{"a": {"x": 1}, "b": {"x": 2}}]
+
+
+@pytest.mark.parametrize("call", [
+    lambda g: g.verdict(None), lambda g: g.check(None), lambda g: g.assert_legal(None), lambda g: g.full_legal(None),
+])
+def test_none_is_no_step(call):
+    with pytest.raises(InputError) as e:
+        call(validate_batch.Checker(engine="sglang-dsv4"))
+    assert e.value.field == "step"
+
+
+def test_an_idle_step_is_still_legal():
+    g = validate_batch.Checker(engine="sglang-dsv4")
+    assert g.verdict("idle") and g.full_legal("idle") and g.check("idle").legal
+
+
+def test_the_fixture_does_not_pass_none():
+    from validate_batch.pytest_plugin import BatchValidator
+
+    with pytest.raises(InputError):
+        BatchValidator(engine="sglang-dsv4").assert_legal(None)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_does_not_wait_on_a_memo_lock_held_by_a_parent_thread():
+    import threading
+
+    guard = validate_batch.Checker(engine="sglang-dsv4")
+    memo = guard.schedule_memo
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with memo._lock:              # a thread in the middle of a lookup when the process forks
+            held.set()
+            release.wait(30)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:                      # the child: one lookup, then out
+        try:
+            memo.get(("x",))
+            memo.put(("x",), 1)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        done = 0
+        while time.monotonic() < deadline and not done:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            time.sleep(0.05)
+        if not done:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        assert done, "the child blocked on the memo's lock"
+    finally:
+        release.set()
+        t.join()

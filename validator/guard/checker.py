@@ -178,6 +178,12 @@ def _object_settings(obj: Any) -> list:
 
 
 # ----------------------------------------------------------------------------------- the checker
+def _no_step() -> InputError:
+    # None is no step: an idle step is said with the mode "idle" (or an engine object without requests)
+    return InputError("step", "missing: a forward mode name (\"idle\" for an idle step), an engine object, "
+                              "a Batch or a batch document; got None")
+
+
 class Checker:
     """Pre-dispatch checks for one engine configuration (engine profile, GPU, server arguments).
 
@@ -434,6 +440,8 @@ class Checker:
         """
         if forward_mode is None and type(step) is str:
             forward_mode = step
+        elif forward_mode is None and step is None:
+            raise _no_step()
         if forward_mode is not None:
             mode, n, ext, seq, pre, slots, k, pad, top = self._validate(
                 forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows,
@@ -470,6 +478,8 @@ class Checker:
         """The full report of one step (schedule, every rule, safe split when illegal)."""
         if forward_mode is None and type(step) is str:
             forward_mode = step
+        elif forward_mode is None and step is None:
+            raise _no_step()
         if forward_mode is not None:
             mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
                 forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
@@ -504,6 +514,8 @@ class Checker:
                    *, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,
                    padded_rows: int | None = None) -> bool:
         """Whether the step is legal by the full check (every rule, schedule included; no split)."""
+        if forward_mode is None:
+            raise _no_step()
         b = self.batch(forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens=prefix_lens, rids=rids,
                        num_merged_decodes=num_merged_decodes, padded_rows=padded_rows)
         if b is None:

@@ -47,12 +47,22 @@ def _json_int(text: str) -> int:
 _LONG_DIGITS = re.compile(r"(?<![0-9])[0-9]{%d}" % (limits.MAX_DOCUMENT_INT_DIGITS + 1))
 
 
+def _object(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise InputError("FILE", f"the key {echo(key)} appears twice in one object (JSON keeps only the last)")
+    return d
+
+
 def _loads(text: str) -> Any:
     # the integer hook is a Python call per integer; a text with no run of digits longer than an
-    # integer may have parses the same without it (JSON integers are plain digit runs), at C speed
+    # integer may have parses the same without it (JSON integers are plain digit runs), at C speed.
+    # A key given twice in one object is refused (json keeps the last one silently).
     if _LONG_DIGITS.search(text) is None:
-        return json.loads(text)
-    return json.loads(text, parse_int=_json_int)
+        return json.loads(text, object_pairs_hook=_object)
+    return json.loads(text, parse_int=_json_int, object_pairs_hook=_object)
 
 
 def loads_document(text: str) -> Any:
@@ -76,7 +86,7 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
     """One pass over the YAML events (the parser is iterative): nesting, the size once aliases are
     expanded, scalar lengths and integer digits, before anything is built."""
     sizes: dict[str, tuple[int, int]] = {}      # anchor -> (expanded values, depth below it)
-    stack: list[list] = []                      # [anchor, values, depth below]
+    stack: list[list] = []                      # [anchor, values, depth below, mapping keys, next is a key]
     total = 0
     big_int = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]{%d,}|0o[0-7_]{%d,}|[0-9_]{%d,})" % (
         limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1))
@@ -88,13 +98,23 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
             if built > limits.MAX_YAML_NODES:
                 raise InputError("FILE", f"{name}: more than {limits.MAX_YAML_NODES} values in a YAML document "
                                          "(write a larger one as JSON)")
+        if stack and stack[-1][3] is not None and kind != "MappingEndEvent" and kind != "SequenceEndEvent":
+            top = stack[-1]                     # in a mapping: keys and values alternate
+            if top[4]:
+                if kind == "ScalarEvent":
+                    key = (ev.tag, ev.value)
+                    if key in top[3]:
+                        raise InputError("FILE", f"{name}:{ev.start_mark.line + 1}: the key {echo(ev.value)} appears "
+                                                 "twice in one mapping (YAML keeps only the last)")
+                    top[3].add(key)
+            top[4] = not top[4]
         if kind in ("MappingStartEvent", "SequenceStartEvent"):
             if len(stack) >= limits.MAX_DEPTH:
                 raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
-            stack.append([ev.anchor, 1, 0])
+            stack.append([ev.anchor, 1, 0, set() if kind == "MappingStartEvent" else None, True])
             continue
         if kind in ("MappingEndEvent", "SequenceEndEvent"):
-            anchor, n, below = stack.pop()
+            anchor, n, below = stack.pop()[:3]
             if anchor is not None:
                 sizes[anchor] = (n, below + 1)
             n_here, depth_here = n, below + 1
