@@ -364,3 +364,81 @@ def test_a_forked_child_does_not_wait_on_a_memo_lock_held_by_a_parent_thread():
     finally:
         release.set()
         t.join()
+
+
+@pytest.mark.parametrize("cc,ok", [("-1.0", False), ("0.0", False), ("0.9", False), ("1.0", True), ("9.0", True),
+                                   ("9.9", True), ("9.10", False), ("99.0", True), ("100.0", False)])
+def test_gpu_compute_capability_range(cc, ok):
+    r, took = _cli(["check", "--gpu", f"num_sms=132,cc={cc},smem_optin=232448", "--engine", "sglang-dsv4",
+                    "--extend", "10"])
+    if ok:
+        assert r.exit_code in (0, 1), r.stderr
+    else:
+        _refused(r, took, "cc")
+
+
+@pytest.mark.parametrize("flags", [["--env", "SGLANG_OPT_FLASHMLA_SPARSE_PREFILL=0"], ["--server-arg", "tp_size=8"],
+                                   ["--extend", "10"], ["--decode", "3"], ["--mode", "decode"], ["--seq-len", "5"],
+                                   ["--prefix", "1"], ["--slots", "1"]])
+def test_quick_batch_flags_with_a_file_are_bad_input(tmp_path, flags):
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(CALL))
+    _refused(*_cli(["check", p, *flags]), flags[0])
+    _refused(*_cli(["check", tmp_path, *flags]), flags[0])
+    _refused(*_cli(["check", "--example", "dsv4-prefill-3x4096", *flags]), flags[0])
+
+
+def test_a_file_without_quick_flags_is_checked(tmp_path):
+    p = tmp_path / "a.json"
+    p.write_text(json.dumps(CALL))
+    r, _ = _cli(["check", p])
+    assert r.exit_code in (0, 1), r.stderr
+
+
+def test_corpus_notes_what_it_does_not_read(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "good.json").write_text(json.dumps(CALL))
+    outside = tmp_path / "outside.json"
+    outside.write_text(json.dumps(CALL))
+    (d / "out.json").symlink_to(outside)
+    (d / "inside.json").symlink_to(d / "good.json")
+    (d / "dangling.json").symlink_to(tmp_path / "missing.json")
+    os.mkfifo(d / "fifo.json")
+    r, took = _cli(["check", d])
+    assert took < TIME_BOUND_S
+    assert r.exit_code == 0, r.stderr
+    assert "2 file(s): 2 legal" in r.stdout                # good.json and inside.json
+    for name, why in (("out.json", "out of the directory"), ("dangling.json", "dangling"),
+                      ("fifo.json", "not a regular file")):
+        assert any(name in ln and why in ln for ln in r.stderr.splitlines()), (name, r.stderr)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any directory")
+def test_corpus_notes_an_unreadable_directory(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(CALL))
+    sub = tmp_path / "locked"
+    sub.mkdir()
+    sub.chmod(0)
+    try:
+        r, _ = _cli(["check", tmp_path, "--recursive"])
+    finally:
+        sub.chmod(0o755)
+    assert "locked" in r.stderr and "cannot be read" in r.stderr
+
+
+@pytest.mark.parametrize("mode", ["decode", "target_verify"])
+@pytest.mark.parametrize("reqs,bad", [
+    ([{"id": "a", "extend_tokens": 10}], 0),                                       # the column reader's shape
+    ([{"id": "a", "seq_len": 10}, {"id": "b", "extend_tokens": 5, "seq_len": 9}], 1),  # entry by entry
+    ([{"id": "a", "seq_len": 10}], None),
+])
+def test_new_tokens_in_a_decode_forward_are_bad_input(mode, reqs, bad):
+    doc = {"engine": "sglang-dsv4", "forward_mode": mode, "requests": reqs,
+           "server_args": {"speculative_num_draft_tokens": 2}}
+    if bad is None:
+        assert validate_batch.check(doc).legal in (True, False)
+    else:
+        with pytest.raises(InputError) as e:
+            validate_batch.check(doc)
+        assert e.value.field == f"requests[{bad}].extend_tokens"

@@ -285,6 +285,16 @@ def check(
         sel, ign = formats.parse_codes(select, "--select"), formats.parse_codes(ignore, "--ignore")
     except InputError as e:
         output.error(e)
+    if engine is None:
+        # the quick-batch flags describe a batch made from flags: with a file or an example they would
+        # be ignored silently (a document gives its own server_args, env and requests)
+        given = [flag for flag, on in (("--mode", mode != "extend"), ("--extend", extend is not None),
+                                       ("--prefix", prefix is not None), ("--decode", decodes != 0),
+                                       ("--seq-len", seq_len != 1024), ("--slots", slots is not None),
+                                       ("--server-arg", bool(server_arg)), ("--env", bool(env))) if on]
+        if given:
+            output.fail(f"{given[0]}: a quick-batch flag, read only with --engine; a batch file gives its own "
+                        "forward mode, requests, server_args and env")
     if file is not None and engine is None and example is None and os.path.isdir(file):
         if run_kernel or reproduce or across_builds:
             output.fail("--kernel, --reproduce and --across-builds check one file, not a directory")
@@ -398,13 +408,32 @@ def report_unit(name: str, report) -> dict:
 CORPUS_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
 
 
-def corpus_files(directory: str, recursive: bool = False) -> list[str]:
-    """The batch and call-record files of a directory, sorted by path."""
+def corpus_files(directory: str, recursive: bool = False, skipped: Optional[list] = None) -> list[str]:
+    """The batch and call-record files of a directory, sorted by path. Symlinked directories are not
+    entered; a symlink, FIFO or other entry that is not a regular file inside the tree, and a
+    directory that cannot be read, is listed in ``skipped`` as ``(path, why)`` instead of read."""
     found = []
-    for root, dirs, names in os.walk(directory):
+    skipped = [] if skipped is None else skipped
+    top = os.path.realpath(directory)
+
+    def unreadable(e: OSError) -> None:
+        skipped.append((e.filename or directory, f"cannot be read ({e.strerror or e})"))
+
+    for root, dirs, names in os.walk(directory, onerror=unreadable):
         dirs.sort()
-        found.extend(os.path.join(root, n) for n in names
-                     if n.lower().endswith(CORPUS_SUFFIXES) and os.path.isfile(os.path.join(root, n)))
+        for n in names:
+            if not n.lower().endswith(CORPUS_SUFFIXES):
+                continue
+            path = os.path.join(root, n)
+            real = os.path.realpath(path)
+            if os.path.islink(path) and not os.path.exists(path):
+                skipped.append((path, "a dangling symlink"))
+            elif not os.path.isfile(path):
+                skipped.append((path, "not a regular file"))
+            elif os.path.commonpath([top, real]) != top:
+                skipped.append((path, "a symlink out of the directory"))
+            else:
+                found.append(path)
         if not recursive:
             break
     return sorted(found)
@@ -414,7 +443,10 @@ def check_corpus(directory: str, gpu, build, output: Output, select: list[str], 
                  stats: bool, exit_zero: bool, recursive: bool = False) -> int:
     """Corpus mode: check every file of ``directory``; a bad file is listed with its one-line error
     and the others are still checked. Returns the exit code: 2 any bad input, 1 any illegal, else 0."""
-    files = corpus_files(directory, recursive)
+    skipped: list = []
+    files = corpus_files(directory, recursive, skipped)
+    for path, why in skipped:
+        output.err_console.print(f"skipped {path}: {why}", markup=False)
     if not files:
         output.fail(f"FILE: no *.yaml, *.yml, *.json or *.jsonl files in directory {echo(directory)}")
     units, reports = [], []
