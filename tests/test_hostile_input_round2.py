@@ -442,3 +442,18 @@ def test_new_tokens_in_a_decode_forward_are_bad_input(mode, reqs, bad):
         with pytest.raises(InputError) as e:
             validate_batch.check(doc)
         assert e.value.field == f"requests[{bad}].extend_tokens"
+
+
+@pytest.mark.parametrize("value,ok", [(2 ** 31 - 2, True), (2 ** 31 - 1, True), (2 ** 31, False)])
+@pytest.mark.parametrize("field", ["seq_len", "prefix_len"])
+def test_batch_lengths_stop_at_int32_as_call_records_do(field, value, ok):
+    req = {"id": "a", "seq_len": value} if field == "seq_len" else {"id": "a", "extend_tokens": 1, "prefix_len": value}
+    doc = {"engine": "sglang-dsv4", "forward_mode": "decode" if field == "seq_len" else "extend", "requests": [req]}
+    from validate_batch.inputs.batch import batch_from_dict
+
+    if ok:
+        batch_from_dict(doc)
+    else:
+        with pytest.raises(InputError) as e:
+            batch_from_dict(doc)
+        assert field in e.value.field

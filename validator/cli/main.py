@@ -29,6 +29,8 @@ from ..output.formats import SCHEMA_VERSIONS, render_statistics
 from ..inputs.documents import example_path
 from ..facts.knowledge import build_record, build_names, generation, gpu_by_name, gpu_names, load
 from ..facts.limits import echo
+from ..facts.modes import Mode
+from ..output.safe import clean
 from ..output.writer import (  # noqa: F401 (the exit codes)
     DEBUG_ENV,
     EXIT_BAD_INPUT,
@@ -288,7 +290,7 @@ def check(
     if engine is None:
         # the quick-batch flags describe a batch made from flags: with a file or an example they would
         # be ignored silently (a document gives its own server_args, env and requests)
-        given = [flag for flag, on in (("--mode", mode != "extend"), ("--extend", extend is not None),
+        given = [flag for flag, on in (("--mode", mode != Mode.EXTEND.value), ("--extend", extend is not None),
                                        ("--prefix", prefix is not None), ("--decode", decodes != 0),
                                        ("--seq-len", seq_len != 1024), ("--slots", slots is not None),
                                        ("--server-arg", bool(server_arg)), ("--env", bool(env))) if on]
@@ -487,7 +489,7 @@ def check_corpus(directory: str, gpu, build, output: Output, select: list[str], 
             rules = (u["error"] or "") if u["status"] == "bad_input" else \
                 ", ".join(sorted({f["code"] for f in u["findings"]})) or "-"
             word = {"legal": "legal", "illegal": "ILLEGAL", "bad_input": "bad input"}[u["status"]]
-            t.add_row(Text(u["file"], no_wrap=True), Text(word, style=style[u["status"]]), Text(rules))
+            t.add_row(Text(clean(u["file"]), no_wrap=True), Text(word, style=style[u["status"]]), Text(clean(rules)))
         out.print(t)
         n = {k: sum(u["status"] == k for u in units) for k in ("legal", "illegal", "bad_input")}
         out.print(f"{len(units)} file(s): {n['legal']} legal, {n['illegal']} illegal, {n['bad_input']} bad input")
