@@ -457,3 +457,21 @@ def test_batch_lengths_stop_at_int32_as_call_records_do(field, value, ok):
         with pytest.raises(InputError) as e:
             batch_from_dict(doc)
         assert field in e.value.field
+
+
+def test_safe_stream_sees_a_line_start_across_writes():
+    import io
+
+    from validate_batch.output.safe import SafeStream
+
+    buf = io.StringIO()
+    s = SafeStream(buf)
+    for piece in ("ok ", "::not a line start\n", "  ", None, "::error x\n", "##", "[error] y\n"):
+        if piece is None:
+            s.flush()
+        else:
+            s.write(piece)
+    s.flush()
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == "ok ::not a line start"
+    assert lines[1] == "  \\::error x" and lines[2] == "##\\[error] y"

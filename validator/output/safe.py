@@ -88,13 +88,14 @@ class SafeStream:
     def _emit(self, text: str) -> None:
         out = clean_lines(text, self._keep_sgr)
         if self._continued and out.startswith("\\::") and not text.startswith("\\::"):
-            out = out[1:]             # the middle of a line: not a line start
+            out = out[1:]             # the middle of a line after text: not a line start
         self._target.write(out)
 
     def flush(self) -> None:
         if self._pending:
             self._emit(self._pending)
-            self._continued = True
+            # a line written so far as blanks only still has its start to come
+            self._continued = bool(_SGR.sub("", self._pending).strip(" \t")) or self._continued
             self._pending = ""
         self._target.flush()
 
