@@ -475,3 +475,26 @@ def test_safe_stream_sees_a_line_start_across_writes():
     lines = buf.getvalue().splitlines()
     assert lines[0] == "ok ::not a line start"
     assert lines[1] == "  \\::error x" and lines[2] == "##\\[error] y"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["check", "--engine", "sglang-dsv4", "--mode", "decode", "--decode", "nan"], "--decode"),
+    (["check", "--no-such-option"], "--no-such-option"),
+    (["no-such-command"], "no-such-command"),
+])
+def test_usage_errors_are_one_line(args, needle):
+    r = subprocess.run([sys.executable, "-m", "validate_batch.cli.main", *args], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.stderr
+
+
+def test_help_and_results_keep_their_exit_codes():
+    def run(*a):
+        return subprocess.run([sys.executable, "-m", "validate_batch.cli.main", *a], capture_output=True, text=True,
+                              timeout=120)
+
+    assert run("check", "--help").returncode == 0
+    assert run("check", "--engine", "sglang-dsv4", "--extend", "10", "-q").returncode == 0
+    assert run("check", "--example", "dsv4-prefill-3x4096", "-q").returncode == 1

@@ -727,7 +727,16 @@ def main(args: Optional[list[str]] = None) -> None:
     try:
         call = direct_call(sys.argv[1:] if args is None else list(args))
         if call is None:
-            app(args=args)
+            try:
+                rv = app(args=args, standalone_mode=False)
+            except Exception as exc:  # noqa: BLE001 - the parser's usage errors, as one line
+                if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+                    raise
+                message = " ".join(str(exc.format_message()).split())
+                if message:               # (none when the help was shown for a bare command)
+                    print(f"error: {clean(message)}", file=sys.stderr)
+                sys.exit(exc.exit_code)
+            sys.exit(rv if type(rv) is int else 0)
         else:
             fn, kwargs = call
             try:
