@@ -53,5 +53,5 @@ def test_errors_still_name_the_line():
 
 def test_falls_back_without_libyaml(monkeypatch):
     monkeypatch.delattr(yaml, "CSafeLoader", raising=False)
-    assert documents._yaml_loader(yaml) is yaml.SafeLoader
+    assert documents._loader(yaml) is yaml.SafeLoader
     assert documents.parse_documents("a: 1\nb: [1, 2]\n", "x.yaml") == [{"a": 1, "b": [1, 2]}]

@@ -30,6 +30,8 @@ from ..inputs.documents import example_path
 from ..facts.knowledge import build_record, build_names, generation, gpu_by_name, gpu_names, load
 from ..facts.limits import echo
 from ..engines.versions import release_key
+from ..facts.modes import Mode
+from ..output.safe import clean
 from ..output.writer import (  # noqa: F401 (the exit codes)
     DEBUG_ENV,
     EXIT_BAD_INPUT,
@@ -306,6 +308,16 @@ def check(
     if quick and engine is None:
         output.fail("--engine: a quick batch (--extend, --decode) needs an engine profile "
                     "(--engine, VALIDATE_BATCH_ENGINE or [tool.validate-batch] engine)")
+    if engine is None:
+        # the quick-batch flags describe a batch made from flags: with a file or an example they would
+        # be ignored silently (a document gives its own server_args, env and requests)
+        given = [flag for flag, on in (("--mode", mode != Mode.EXTEND.value), ("--extend", extend is not None),
+                                       ("--prefix", prefix is not None), ("--decode", decodes != 0),
+                                       ("--seq-len", seq_len != 1024), ("--slots", slots is not None),
+                                       ("--server-arg", bool(server_arg)), ("--env", bool(env))) if on]
+        if given:
+            output.fail(f"{given[0]}: a quick-batch flag, read only with --engine; a batch file gives its own "
+                        "forward mode, requests, server_args and env")
     if files and engine is None and example is None and (len(files) > 1 or os.path.isdir(files[0])):
         if run_kernel or reproduce or across_builds:
             output.fail("--kernel, --reproduce and --across-builds check one file, not a directory or several files")
@@ -425,13 +437,32 @@ def report_unit(name: str, report) -> dict:
 CORPUS_SUFFIXES = (".yaml", ".yml", ".json", ".jsonl")
 
 
-def corpus_files(directory: str, recursive: bool = False) -> list[str]:
-    """The batch and call-record files of a directory, sorted by path."""
+def corpus_files(directory: str, recursive: bool = False, skipped: Optional[list] = None) -> list[str]:
+    """The batch and call-record files of a directory, sorted by path. Symlinked directories are not
+    entered; a symlink, FIFO or other entry that is not a regular file inside the tree, and a
+    directory that cannot be read, is listed in ``skipped`` as ``(path, why)`` instead of read."""
     found = []
-    for root, dirs, names in os.walk(directory):
+    skipped = [] if skipped is None else skipped
+    top = os.path.realpath(directory)
+
+    def unreadable(e: OSError) -> None:
+        skipped.append((e.filename or directory, f"cannot be read ({e.strerror or e})"))
+
+    for root, dirs, names in os.walk(directory, onerror=unreadable):
         dirs.sort()
-        found.extend(os.path.join(root, n) for n in names
-                     if n.lower().endswith(CORPUS_SUFFIXES) and os.path.isfile(os.path.join(root, n)))
+        for n in names:
+            if not n.lower().endswith(CORPUS_SUFFIXES):
+                continue
+            path = os.path.join(root, n)
+            real = os.path.realpath(path)
+            if os.path.islink(path) and not os.path.exists(path):
+                skipped.append((path, "a dangling symlink"))
+            elif not os.path.isfile(path):
+                skipped.append((path, "not a regular file"))
+            elif os.path.commonpath([top, real]) != top:
+                skipped.append((path, "a symlink out of the directory"))
+            else:
+                found.append(path)
         if not recursive:
             break
     return sorted(found)
@@ -445,14 +476,17 @@ def check_corpus(inputs, gpu, build, output: Output, select: list[str], ignore: 
     still checked. Returns the exit code: 2 any bad input, 1 any illegal, else 0."""
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     files = []
+    skipped: list = []
     for item in inputs:
         if os.path.isdir(item):
-            found = corpus_files(item, recursive)
+            found = corpus_files(item, recursive, skipped)
             if not found:
                 output.fail(f"FILE: no *.yaml, *.yml, *.json or *.jsonl files in directory {echo(item)}")
             files.extend(found)
         else:
             files.append(item)      # a missing or unreadable file is that file's bad input
+    for path, why in skipped:
+        output.err_console.print(f"skipped {clean(path)}: {why}", markup=False)
     directory = inputs[0] if len(inputs) == 1 else " ".join(inputs)
     units, reports = [], []
     for path in files:
@@ -493,7 +527,7 @@ def check_corpus(inputs, gpu, build, output: Output, select: list[str], ignore: 
             rules = (u["error"] or "") if u["status"] == "bad_input" else \
                 ", ".join(sorted({f["code"] for f in u["findings"]})) or "-"
             word = {"legal": "legal", "illegal": "ILLEGAL", "bad_input": "bad input"}[u["status"]]
-            t.add_row(Text(u["file"], overflow="fold"), Text(word, style=style[u["status"]]), Text(rules))
+            t.add_row(Text(clean(u["file"]), overflow="fold"), Text(word, style=style[u["status"]]), Text(clean(rules)))
         out.print(t)
         n = {k: sum(u["status"] == k for u in units) for k in ("legal", "illegal", "bad_input")}
         out.print(f"{len(units)} file(s): {n['legal']} legal, {n['illegal']} illegal, {n['bad_input']} bad input")
@@ -746,7 +780,16 @@ def main(args: Optional[list[str]] = None) -> None:
     try:
         call = direct_call(sys.argv[1:] if args is None else list(args))
         if call is None:
-            app(args=args)
+            try:
+                rv = app(args=args, standalone_mode=False)
+            except Exception as exc:  # noqa: BLE001 - the parser's usage errors, as one line
+                if not (hasattr(exc, "format_message") and isinstance(getattr(exc, "exit_code", None), int)):
+                    raise
+                message = " ".join(str(exc.format_message()).split())
+                if message:               # (none when the help was shown for a bare command)
+                    print(f"error: {clean(message)}", file=sys.stderr)
+                sys.exit(exc.exit_code)
+            sys.exit(rv if type(rv) is int else 0)
         else:
             fn, kwargs = call
             try:

@@ -111,6 +111,12 @@ def step_columns(batch: Batch) -> tuple:
         return np.broadcast_to(np.int64(d), (n,)), lambda: np.maximum(ctx - 1, 0)
     ext, pre, ctx, is_dec = request_arrays(reqs)
     query = np.where(is_dec, 1, ext).astype(np.int64)
+    if n and int(query.min()) <= 0:
+        # vLLM's scheduler gives every request of a step at least one token; the backends split and
+        # reshape by query length (a decode query of length 0 has no shape)
+        i = int(np.argmax(query <= 0))
+        raise InputError(f"requests[{i}].extend_tokens", "0: every request of a vLLM step has at least one "
+                                                         "scheduled token (leave the request out of the step)")
     computed = np.where(is_dec, ctx - 1, pre).astype(np.int64)
     if batch.mixed and batch.running:
         run_ctx = np.array([r.context_len for r in batch.running], dtype=np.int64)

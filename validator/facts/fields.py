@@ -16,7 +16,7 @@ from .limits import echo
 
 MAX_REQUESTS = 1 << 20       # requests in one forward
 MAX_TOKENS = 1 << 24         # new tokens of one request
-MAX_POSITION = 1 << 31       # a sequence length, prefix or slot
+MAX_POSITION = (1 << 31) - 1  # a sequence length, prefix or slot (int32, as the engines and the call records hold them)
 _INT_TYPES = frozenset({int})
 
 

@@ -84,6 +84,9 @@ def gpu_from_fields(d: Mapping[str, Any], field: str = "gpu") -> GPU:
         major, minor = cc
     else:
         raise InputError(f"{field}.cc", f"expected [major, minor], got {echo(cc)}")
+    if not (1 <= major <= 99 and 0 <= minor <= 9):
+        # CUDA's compute capabilities are 1.0 and up, with one-digit minor versions (8.9, 12.1)
+        raise InputError(f"{field}.cc", f"expected a compute capability from 1.0 up (minor 0-9), got {echo(cc)}")
     name = d.get("device") or d.get("name") or f"custom-sm{major}{minor}"
     if not isinstance(name, str):
         raise InputError(f"{field}.name", f"expected a string, got {echo(name)}")

@@ -14,6 +14,7 @@ from ..errors import InputError
 MAX_DOCUMENT_BYTES = 256 * 1024 * 1024   # one batch / call-record document (file or stdin)
 MAX_DEPTH = 64                           # nesting of lists and mappings in a document or crash dump
 MAX_NODES = 1 << 24                      # values of a document once YAML aliases / shared references are expanded
+MAX_YAML_NODES = 1 << 18                 # values a YAML document builds (its loader is Python: JSON for larger)
 MAX_DUMP_NODES = 1 << 20                 # values of a crash dump once shared references are expanded
 MAX_STRING_CHARS = 1 << 20               # one string (scalar) of a document
 MAX_INT_DIGITS = 20                      # digits of one integer in a log line or a flag (2**64 has 20)

@@ -37,7 +37,10 @@ a partition can reach.
 """
 from __future__ import annotations
 
+import os
 import sys
+import weakref
+from threading import Lock
 from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
@@ -656,11 +659,11 @@ class WalkMemo:
 
     def __init__(self, maxsize: int = 64):
         from collections import OrderedDict
-        from threading import Lock
 
         self.maxsize = maxsize
         self._d: OrderedDict = OrderedDict()
         self._lock = Lock()
+        _MEMOS.add(self)
         self.hits = 0
         self.misses = 0
 
@@ -688,6 +691,20 @@ class WalkMemo:
             self._d.move_to_end(key)
             while len(self._d) > self.maxsize:
                 self._d.popitem(last=False)
+
+
+#: every memo, so that a forked child gets fresh locks: a thread of the parent may have held one at the
+#: fork, and it does not exist in the child to release it
+_MEMOS: "weakref.WeakSet[WalkMemo]" = weakref.WeakSet()
+
+
+def _unlock_after_fork() -> None:
+    for m in list(_MEMOS):
+        m._lock = Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_unlock_after_fork)
 
 
 def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,

@@ -184,6 +184,12 @@ def _as_written(report: Report, b: Batch) -> Report:
 
 
 # ----------------------------------------------------------------------------------- the checker
+def _no_step() -> InputError:
+    # None is no step: an idle step is said with the mode "idle" (or an engine object without requests)
+    return InputError("step", "missing: a forward mode name (\"idle\" for an idle step), an engine object, "
+                              "a Batch or a batch document; got None")
+
+
 class Checker:
     """Pre-dispatch checks for one engine configuration (engine profile, GPU, server arguments).
 
@@ -337,6 +343,10 @@ class Checker:
             else:
                 ext, tokens = list_column_sum(extend_lens, "extend_lens", 0, MAX_TOKENS, None)
             n = len(ext)
+            if self.vllm_steps and n and (mode == "extend" or mode == "mixed") and min(ext) <= 0:
+                # every request of a vLLM step has a scheduled token (the full check refuses it too)
+                i = next(i for i, v in enumerate(ext) if v <= 0)
+                raise InputError(f"extend_lens[{i}]", "0: every request of a vLLM step has at least one scheduled token")
         if seq_lens is not None:
             x = seq_lens[0] if not as_array and seq_lens.__class__ is list and len(seq_lens) == 1 else None
             if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):
@@ -436,6 +446,8 @@ class Checker:
         """
         if forward_mode is None and type(step) is str:
             forward_mode = step
+        elif forward_mode is None and step is None:
+            raise _no_step()
         if forward_mode is not None:
             mode, n, ext, seq, pre, slots, k, pad, top = self._validate(
                 forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows,
@@ -480,6 +492,8 @@ class Checker:
         ``as_written: true``."""
         if forward_mode is None and type(step) is str:
             forward_mode = step
+        elif forward_mode is None and step is None:
+            raise _no_step()
         if forward_mode is not None:
             mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
                 forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
@@ -517,6 +531,8 @@ class Checker:
                    *, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,
                    padded_rows: int | None = None) -> bool:
         """Whether the step is legal by the full check (every rule, schedule included; no split)."""
+        if forward_mode is None:
+            raise _no_step()
         b = self.batch(forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens=prefix_lens, rids=rids,
                        num_merged_decodes=num_merged_decodes, padded_rows=padded_rows)
         if b is None:

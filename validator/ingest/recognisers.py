@@ -244,8 +244,9 @@ _RAISED = re.compile(r"(?:^|\s)(?:torch\.)?(?:RuntimeError|AcceleratorError|Valu
 _INNER_ASSERT = re.compile(r"Assertion `(?P<c>[^`]*)` failed")
 _ALLOCATION = re.compile(r"Tried to allocate ([\d.]+ ?[KMGT]i?B)")
 _CUT_FILE = re.compile(r"(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc))(?::\d*)?$")
-# The text of an assertion, from its keyword on: what kernel mode quotes for a crash.
-_ASSERTION_TEXT = re.compile(r"Assertion [`'].*failed.*")
+# The text of an assertion, from its keyword on: what kernel mode quotes for a crash (found without
+# backtracking: the first keyword of a line that some "failed" follows, to the end of that line).
+_ASSERTION_KEY = re.compile(r"Assertion [`']")
 # One field line of CUTLASS's TMA descriptor dump (cute/atom/copy_traits_sm90_tma.hpp).
 TMA_FIELD = re.compile(r"^\s*(?P<key>format|dim|gmem_address|globalDim|globalStrides|boxDim|elementStrides|interleave|"
                        r"swizzle|l2Promotion|oobFill|tensorDataType|tensorRank)\s+(?P<value>\S.*?)\s*$")
@@ -547,8 +548,11 @@ def most_specific(found: Iterable[Recognised]) -> Recognised | None:
 
 def assertion_text(got: Recognised) -> str | None:
     """The recognised line's assertion text, from its ``Assertion `...`` keyword on, or None."""
-    m = _ASSERTION_TEXT.search(got.text)
-    return m.group(0).strip() if m else None
+    for line in got.text.split("\n"):
+        m = _ASSERTION_KEY.search(line)
+        if m is not None and line.rfind("failed") >= m.end():
+            return line[m.start():].strip()
+    return None
 
 
 def check_table(table: tuple[Recogniser, ...] | None = None) -> None:

@@ -19,6 +19,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..errors import InputError
+from ..facts.fields import MAX_POSITION, MAX_REQUESTS
 from ..facts.limits import echo, parse_int
 
 # "[2026-04-27 16:44:38 DP3 TP6] " with optional .mmm and any reporter placeholder for the time.
@@ -262,6 +263,24 @@ class Step:
 
 
 REQUIRED = {"Prefill": ("new_seq", "new_token"), "Decode": ("running_req",)}
+#: counts a line gives that become requests of a reconstructed forward, and token counts that become a
+#: request's tokens: held to the limits of one forward before anything is built from them
+_REQUEST_COUNTS = ("new_seq", "running_req", "queue_req", "prealloc_req", "transfer_req", "retracted_req",
+                   "inflight_req", "bootstrap_req", "transferring_req", "unbootstrapped_req")
+_TOKEN_COUNTS = ("new_token", "cached_token", "pending_token", "token")
+
+
+def _check_counts(fields: dict, mixed: int | None) -> None:
+    for keys, limit, what in ((_REQUEST_COUNTS, MAX_REQUESTS, "requests"),
+                              (_TOKEN_COUNTS, MAX_POSITION, "tokens")):
+        for k in keys:
+            v = fields.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > limit:
+                raise InputError("scheduler line", f"#{k.replace('_', '-')} {v} is more {what} than one forward "
+                                                   f"holds (at most {limit})")
+    if mixed is not None and mixed > MAX_REQUESTS:
+        raise InputError("scheduler line", f"mixed #running-req {mixed} is more requests than one forward holds "
+                                           f"(at most {MAX_REQUESTS})")
 
 
 def looks_like_batch_line(line: str) -> bool:
@@ -284,6 +303,7 @@ def parse_batch_line(line: str, line_no: int = 0, prefix: Prefix | None = None) 
         missing = [k for k in missing if k != "running_req"]
     if missing:
         raise LineParseError(f"missing or non-integer field(s): {', '.join('#' + k.replace('_', '-') for k in missing)}")
+    _check_counts(fields, mixed)
     era = era_of(kind, m.group("sep"), fields, order, trailing)
     return Step(kind.lower(), line_no, prefix.label() if prefix else "DP0", fields, era,
                 prefix.timestamp if prefix else None, parse_int(m.group("iter"), "scheduler line") if m.group("iter") else None,

@@ -479,6 +479,15 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     reqs = request_columns(reqs_raw)
     if reqs is None:
         reqs = tuple(parse_request(r, f"requests[{i}]", default_decode, i) for i, r in enumerate(reqs_raw))
+    if default_decode:
+        # each request of a decode or verify forward decodes (or verifies) on top of its sequence: a
+        # new-token count there contradicts the forward instead of being read
+        first = (0 if reqs.decode_from > 0 else None) if isinstance(reqs, RequestColumns) else \
+            next((i for i, r in enumerate(reqs) if not r.is_decode), None)
+        if first is not None:
+            raise InputError(f"requests[{first}].extend_tokens", f"a request with new tokens in a {mode.value} forward, "
+                                                                 "whose requests each take their seq_len (use forward_mode "
+                                                                 "extend or mixed for new tokens)")
     ids = reqs.ids if isinstance(reqs, RequestColumns) else [r.id for r in reqs]
     if len(set(ids)) != len(ids):
         dup = next(x for x in ids if ids.count(x) > 1)

@@ -47,12 +47,22 @@ def _json_int(text: str) -> int:
 _LONG_DIGITS = re.compile(r"(?<![0-9])[0-9]{%d}" % (limits.MAX_DOCUMENT_INT_DIGITS + 1))
 
 
+def _object(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise InputError("FILE", f"the key {echo(key)} appears twice in one object (JSON keeps only the last)")
+    return d
+
+
 def _loads(text: str) -> Any:
     # the integer hook is a Python call per integer; a text with no run of digits longer than an
-    # integer may have parses the same without it (JSON integers are plain digit runs), at C speed
+    # integer may have parses the same without it (JSON integers are plain digit runs), at C speed.
+    # A key given twice in one object is refused (json keeps the last one silently).
     if _LONG_DIGITS.search(text) is None:
-        return json.loads(text)
-    return json.loads(text, parse_int=_json_int)
+        return json.loads(text, object_pairs_hook=_object)
+    return json.loads(text, parse_int=_json_int, object_pairs_hook=_object)
 
 
 def loads_document(text: str) -> Any:
@@ -68,29 +78,43 @@ def echo_text(text: str, limit: int = limits.MAX_ECHO_CHARS) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _yaml_loader(yaml: Any) -> Any:
-    """PyYAML's C (libyaml) safe loader when PyYAML was built with it, else the pure-Python one:
-    the same documents and the same safe constructors, about ten times faster on a large batch."""
-    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+# plain scalars PyYAML's safe loader resolves as YAML 1.1 octal or base-60 (sexagesimal) numbers
+_YAML11_ONLY = re.compile(r"[-+]?0[0-7_]+|[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?")
 
 
 def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
     """One pass over the YAML events (the parser is iterative): nesting, the size once aliases are
     expanded, scalar lengths and integer digits, before anything is built."""
     sizes: dict[str, tuple[int, int]] = {}      # anchor -> (expanded values, depth below it)
-    stack: list[list] = []                      # [anchor, values, depth below]
+    stack: list[list] = []                      # [anchor, values, depth below, mapping keys, next is a key]
     total = 0
     big_int = re.compile(r"[-+]?(?:0x[0-9a-fA-F_]{%d,}|0o[0-7_]{%d,}|[0-9_]{%d,})" % (
         limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1, limits.MAX_DOCUMENT_INT_DIGITS + 1))
-    for ev in yaml.parse(text, Loader=_yaml_loader(yaml)):
+    built = 0                                   # nodes the loader will build (aliases share theirs)
+    for ev in yaml.parse(text, Loader=_loader(yaml)):
         kind = type(ev).__name__
+        if kind in ("MappingStartEvent", "SequenceStartEvent", "ScalarEvent"):
+            built += 1
+            if built > limits.MAX_YAML_NODES:
+                raise InputError("FILE", f"{name}: more than {limits.MAX_YAML_NODES} values in a YAML document "
+                                         "(write a larger one as JSON)")
+        if stack and stack[-1][3] is not None and kind != "MappingEndEvent" and kind != "SequenceEndEvent":
+            top = stack[-1]                     # in a mapping: keys and values alternate
+            if top[4]:
+                if kind == "ScalarEvent":
+                    key = (ev.tag, ev.value)
+                    if key in top[3]:
+                        raise InputError("FILE", f"{name}:{ev.start_mark.line + 1}: the key {echo(ev.value)} appears "
+                                                 "twice in one mapping (YAML keeps only the last)")
+                    top[3].add(key)
+            top[4] = not top[4]
         if kind in ("MappingStartEvent", "SequenceStartEvent"):
             if len(stack) >= limits.MAX_DEPTH:
                 raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
-            stack.append([ev.anchor, 1, 0])
+            stack.append([ev.anchor, 1, 0, set() if kind == "MappingStartEvent" else None, True])
             continue
         if kind in ("MappingEndEvent", "SequenceEndEvent"):
-            anchor, n, below = stack.pop()
+            anchor, n, below = stack.pop()[:3]
             if anchor is not None:
                 sizes[anchor] = (n, below + 1)
             n_here, depth_here = n, below + 1
@@ -98,9 +122,14 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
             v = ev.value
             if len(v) > limits.MAX_STRING_CHARS:
                 raise InputError("FILE", f"{name}: a string of {len(v)} characters (at most {limits.MAX_STRING_CHARS})")
-            if ev.style is None and len(v) > limits.MAX_DOCUMENT_INT_DIGITS and big_int.fullmatch(v):
+            if not ev.style and len(v) > limits.MAX_DOCUMENT_INT_DIGITS and big_int.fullmatch(v):
                 raise InputError("FILE", f"{name}: an integer of {len(v)} characters is too long "
                                          f"(at most {limits.MAX_DOCUMENT_INT_DIGITS} digits): {echo(v)}")
+            if not ev.style and ev.tag is None and _YAML11_ONLY.fullmatch(v):
+                # YAML 1.1 reads 012000 as octal (5120) and 1:20 as base 60 (80): JSON, YAML 1.2 and a
+                # person read them as decimal or as text; refused rather than read one way silently
+                raise InputError("FILE", f"{name}: {echo(v)} is an octal or base-60 number in YAML 1.1; "
+                                         f"write it without the leading zero or colon, or quote it")
             if ev.anchor is not None:
                 sizes[ev.anchor] = (1, 0)
             n_here, depth_here = 1, 0
@@ -121,6 +150,12 @@ def _yaml_precheck(yaml: Any, text: str, name: str) -> None:
                 raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels")
 
 
+def _loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, on libyaml's parser when PyYAML was built with it (the same resolver and
+    constructors; scanning and parsing in C)."""
+    return getattr(yaml, "CSafeLoader", None) or yaml.SafeLoader
+
+
 def _yaml_documents(text: str, name: str) -> list[Any]:
     try:
         import yaml
@@ -128,17 +163,18 @@ def _yaml_documents(text: str, name: str) -> list[Any]:
         raise InputError("FILE", f"{name}: not JSON, and PyYAML is not installed to read YAML") from None
     try:
         _yaml_precheck(yaml, text, name)
-        docs = [d for d in yaml.load_all(text, Loader=_yaml_loader(yaml)) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_loader(yaml)) if d is not None]
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f":{mark.line + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or (getattr(e, "reason", None) if hasattr(e, "reason") else None) or e
-        if "maximum nesting depth" in str(what):     # libyaml's own depth limit, met before the pre-check's
+        if "maximum nesting depth" in str(what):       # libyaml's own limit, above this one
             raise InputError("FILE", f"{name}: nested deeper than {limits.MAX_DEPTH} levels") from None
         raise InputError("FILE", f"{name}{where}: neither JSON nor valid YAML: {_one_line(what)}") from None
     except InputError:
         raise
-    except (ValueError, OverflowError, RecursionError) as e:
+    except (ValueError, OverflowError, RecursionError, KeyError, IndexError, AttributeError, TypeError) as e:
+        # a tag over a scalar its constructor does not expect (``!!bool 1``, ``!!int ''``, ``!!timestamp 1``)
         raise InputError("FILE", f"{name}: a YAML value that cannot be read: {_one_line(e)}") from None
     return docs
 

@@ -2,8 +2,9 @@
 
 A first pass parses every line, holds it to :mod:`validate_batch.facts.limits`, validates it into a call and plans
 it, keeping only the first error; a second pass reads the lines again and hands out one plan at a time.
-Peak memory is then one record and its plan, not the whole input. Stdin and other inputs that cannot be
-read twice are first copied to a temporary file, under the same byte budget as any input.
+Peak memory is then one record and its plan, not the whole input. Every input is first copied to a
+private temporary file, under the same byte budget as any input: the second pass reads the bytes the
+first pass checked, whatever happens to the file meanwhile.
 
 Every input the first pass cannot vouch for (a single JSON value, a JSON array, YAML, a line that does
 not parse, a record past the size limits) is handed back to :func:`validate_batch.inputs.documents.parse_documents`
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import sys
 import tempfile
 from typing import IO, Any, Iterator, Optional
@@ -32,8 +32,8 @@ CHUNK = 1 << 16
 def open_input(path: str, limit: int = MAX_INPUT_BYTES) -> tuple[IO[bytes], str]:
     """A binary file object that can be read from the start again (``seek(0)``) and the display name;
     the same errors as :func:`validate_batch.inputs.documents.read_text` (missing, a directory, unreadable, more than
-    ``limit`` bytes). A regular file is read in place; stdin, a pipe or a device is copied to a
-    temporary file (removed when closed)."""
+    ``limit`` bytes). The input (a file, stdin, a pipe or a device) is copied to a private temporary
+    file (removed when closed), so both passes read the same bytes."""
     if path == "-":
         return _spool(getattr(sys.stdin, "buffer", sys.stdin), limit, "<stdin>"), "<stdin>"
     if not os.path.exists(path):
@@ -45,25 +45,12 @@ def open_input(path: str, limit: int = MAX_INPUT_BYTES) -> tuple[IO[bytes], str]
     except OSError as e:
         raise InputError("FILE", f"{echo(path)}: {e.strerror or e}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            with fh:
-                return _spool(fh, limit, path), path
-        total, buf = 0, bytearray(CHUNK)
-        while True:                      # the budget, counted as read_bounded counts it, into one buffer
-            got = fh.readinto(memoryview(buf)[:min(CHUNK, limit + 1 - total)])
-            if not got:
-                break
-            total += got
-            if total > limit:
-                raise InputError("FILE", f"{path}: larger than {limit} bytes")
-        fh.seek(0)
-        return fh, path
+        with fh:
+            # a regular file is copied too: the second pass then reads what the first pass checked,
+            # even when the file is edited, appended to or truncated in between
+            return _spool(fh, limit, path), path
     except OSError as e:
-        fh.close()
         raise InputError("FILE", f"{echo(path)}: {e.strerror or e}") from None
-    except BaseException:
-        fh.close()
-        raise
 
 
 def _spool(src: Any, limit: int, name: str) -> IO[bytes]:

@@ -27,10 +27,14 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+import numpy as np
+
 from ..api import check as check_input
 from ..errors import InputError
 from ..install_hints import install_hint
 from ..guard.checker import Checker
+from ..facts.fields import MAX_REQUESTS
+from ..inputs.batch import batch_from_dict
 from ..facts.knowledge import build_names, resolve_gpu
 from .search import largest_legal
 from ..cli.session import split_device_header
@@ -54,6 +58,11 @@ KINDS = ("legal", "fallback", "illegal")
 FALLBACK_CODE = "FMLA015"
 MAX_ROWS_PER_MAP = 1024
 MAX_AXIS_VALUE = 1 << 24
+#: axes counted in requests: one forward holds at most MAX_REQUESTS
+AXIS_MAX = {"requests": MAX_REQUESTS, "running_decodes": MAX_REQUESTS}
+#: a requests map checks steps of up to --x-max requests, about 2 log2(--x-max) per segment of each row:
+#: its highest value times its rows is held to this, so a map ends in seconds
+MAX_MAP_REQUEST_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,7 @@ class Source:
 def source_from_documents(docs: list, gpu: Any = None) -> Source:
     """The source of a loaded FILE: one engine batch, or one call record (after an optional device header)."""
     if len(docs) == 1 and isinstance(docs[0], Mapping) and "kind" not in docs[0]:
+        batch_from_dict(docs[0], gpu)      # a batch document check accepts (its error otherwise)
         return Source("engine", docs[0], gpu, str(docs[0].get("label", "")))
     calls, g = split_device_header(docs, gpu)
     if len(calls) != 1 or not isinstance(calls[0], Mapping):
@@ -265,8 +275,9 @@ def _axis_range(name: str, lo: int | None, hi: int | None, flag: str) -> tuple[i
     lo = dlo if lo is None else lo
     hi = dhi if hi is None else hi
     floor = AXES[name][1]
-    if not (floor <= lo <= hi <= MAX_AXIS_VALUE):
-        raise InputError(flag, f"expected {floor} <= min <= max <= {MAX_AXIS_VALUE} for {name}, got {lo}..{hi}")
+    top = AXIS_MAX.get(name, MAX_AXIS_VALUE)
+    if not (floor <= lo <= hi <= top):
+        raise InputError(flag, f"expected {floor} <= min <= max <= {top} for {name}, got {lo}..{hi}")
     return lo, hi
 
 
@@ -343,6 +354,9 @@ def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "run
     ylo, yhi = _axis_range(y_axis, y_min, y_max, "--y-max")
     seed = seed_point(src, x_axis)
     ys = row_values(ylo, yhi, y_step, (seed[1] if seed else None, point[1] if point else None))
+    if x_axis == "requests" and xhi * len(ys) > MAX_MAP_REQUEST_ROWS:
+        raise InputError("--x-max", f"{xhi} requests x {len(ys)} rows is more than {MAX_MAP_REQUEST_ROWS} "
+                                    "(a lower --x-max, or fewer rows with --y-min/--y-max/--y-step)")
     doc = src.doc
     rows: list[Row] = []
     config: dict = {}
@@ -375,7 +389,7 @@ def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "run
             config = config or {"engine": checker.engine, "gpu": checker.gpu.name}
 
             def state(x: int, checker=checker) -> tuple:
-                return _segment_of(checker.check("target_verify", seq_lens=[seq] * x))
+                return _segment_of(checker.check("target_verify", seq_lens=np.full(x, seq, dtype=np.int64)))
 
             segs, n = _walk(state, xlo, xhi, raw)
             rows.append(Row(y, segs, n))

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from ..errors import InputError
 from ..facts.knowledge import build_record
+from .safe import SafeStream, clean, clean_lines
 
 EXIT_BAD_INPUT = 2
 EXIT_UNAVAILABLE = 3
@@ -35,8 +36,31 @@ OUTPUT_FORMAT_HELP = ("text (default), json (one object; --json), jsonl (one obj
                       "(GitHub Actions annotations), junit (JUnit XML), sarif (SARIF 2.1.0)")
 
 
+class _SafeConsole(Console):
+    """A rich console whose text is made inert (:mod:`validate_batch.output.safe`): every string it
+    renders, and every line it writes."""
+
+    def render_str(self, text: str, *args: Any, **kwargs: Any):
+        return super().render_str(clean_lines(text), *args, **kwargs)
+
+
 def _console(stderr: bool) -> Console:
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, markup=False)
+    stream = SafeStream(sys.stderr if stderr else sys.stdout)
+    console = _SafeConsole(file=stream, highlight=False, soft_wrap=True, markup=False)
+    stream._keep_sgr = console.color_system is not None
+    return console
+
+
+def _inert(text: str, mode: str) -> str:
+    """Raw output made inert for its format: JSON and XML keep their syntax (``##[`` as an escape of
+    the format), the GitHub format keeps its own ``::`` commands (its values are encoded already)."""
+    if mode in ("json", "jsonl", "sarif"):
+        return text.replace("##[", "##\\u005b")
+    if mode == "junit":
+        return text.replace("##[", "##&#91;")
+    if mode == "github":
+        return clean_lines(text, commands=False)
+    return clean_lines(text)
 
 
 class Output:
@@ -116,7 +140,7 @@ class Output:
     def write(self, text: str) -> None:
         """Raw text on stdout (nothing when quiet)."""
         if self.mode != "quiet":
-            self.stdout.write(text)
+            self.stdout.write(_inert(text, self.mode))
             if self._file is not None:
                 self._file.flush()
 
@@ -127,7 +151,7 @@ class Output:
 
     def fail(self, message: str) -> NoReturn:
         """Bad input: ``error: MESSAGE`` on stderr, exit 2."""
-        line = " ".join(str(message).split()).encode("utf-8", "backslashreplace").decode("utf-8")
+        line = clean(" ".join(str(message).split()))
         print(f"error: {line}", file=sys.stderr)
         raise typer.Exit(EXIT_BAD_INPUT)
 
@@ -141,7 +165,7 @@ class Output:
         debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
         if debug:
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
-        message = " ".join(str(exc).split())
+        message = clean(" ".join(str(exc).split()))
         if len(message) > 200:
             message = message[:200] + f"... ({len(message)} characters)"
         what = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
