@@ -340,5 +340,6 @@ def one_line(prov: Mapping) -> str:
         return f"Provenance: all {n} facts this verdict rests on were measured or tested on the build it names"
     codes = sorted({c for r in read for c in r["rules"]})
     shown = ", ".join(codes[:6]) + (f" and {len(codes) - 6} more" if len(codes) > 6 else "")
-    return (f"Provenance: {len(read)} of {n} facts this verdict rests on are read from source or a binary, "
-            f"not measured on this build ({shown}); --strict-provenance makes this an error")
+    return (f"Provenance: {len(read)} of {n} facts this verdict rests on are not measured on the build it names "
+            f"(read from source, a binary or docs, inferred, or measured elsewhere: {shown}); "
+            f"--strict-provenance makes this an error")
