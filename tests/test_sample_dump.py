@@ -46,3 +46,16 @@ def test_bisect_on_the_sample_dump():
     d = json.loads(r.stdout)
     # 3 x 4096 = 12288 query rows > 11622, the largest legal (4*(5*11622+1) <= 232448 B on an H200)
     assert "FMLA001" in d["rule"] and d["boundary"]["largest_legal"] == 11622
+
+
+def test_the_generator_leaves_an_imported_module_as_it_found_it(monkeypatch):
+    # where the real sglang is imported (CI installs 0.5.23), its ServerArgs must stay its own afterwards
+    import types
+    mod = types.ModuleType("sglang.srt.server_args")
+    sentinel = type("ServerArgs", (), {})
+    mod.ServerArgs = sentinel
+    for name in ("sglang", "sglang.srt"):
+        monkeypatch.setitem(sys.modules, name, sys.modules.get(name) or types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "sglang.srt.server_args", mod)
+    _generator(monkeypatch).dump_bytes()
+    assert sys.modules["sglang.srt.server_args"] is mod and mod.ServerArgs is sentinel
