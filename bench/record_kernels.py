@@ -270,6 +270,16 @@ def compact_probe(row: dict) -> None:
             row.pop(key, None)
 
 
+def portable(provider: dict) -> dict:
+    """A provider's record with its module file named from its top-level package on (``flash_mla/...``,
+    ``vllm/...``), not from where this machine keeps it."""
+    out = dict(provider)
+    origin, top = out.get("origin"), str(out.get("module") or "").split(".")[0]
+    if isinstance(origin, str) and top and f"/{top}/" in origin:
+        out["origin"] = top + "/" + origin.split(f"/{top}/", 1)[1]
+    return out
+
+
 def write(path: Path, header: dict, rows: list[dict]) -> None:
     with path.open("w") as fh:
         fh.write(json.dumps(header) + "\n")
@@ -299,7 +309,7 @@ def main(argv=None) -> None:
     dev = det.payload.get("device") or {}
     header = {"device": dev.get("name"), "num_sms": dev.get("num_sms"), "cc": dev.get("cc"),
               "smem_optin": dev.get("smem_optin"), "torch": det.payload.get("torch"), "date": "2026-12-01",
-              "providers": det.payload.get("providers")}
+              "providers": [portable(p) for p in det.payload.get("providers") or ()]}
     only = set(filter(None, args.only.split(",")))
     sets = {
         "sparse": ("vllm033_h200_sparse_cases.jsonl", lambda: random_calls(args.calls, args.seed, sparse_call), VLLM),

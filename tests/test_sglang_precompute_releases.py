@@ -13,7 +13,7 @@ P = SMs (s_q = 1), and static shared memory the kernel declares (three ints and 
 Ground truth: CUDA's rule (without the opt-in static + dynamic <= 48 KiB; with it, dynamic <= the
 opt-in) written here; the releases' own guards and kernel sources read from their wheels (set
 ``VALIDATE_BATCH_SGLANG_WHEELS`` to a folder holding ``sglang-0.5.2x-*.whl``; the tests that need them
-skip without); and, once recorded, the H200 launch probe (``bench/probe_smem_launch.py``) in
+skip without); and the H200 launch probe's record in
 ``fixtures/measured/h200_smem_launch_probe.json``.
 """
 from __future__ import annotations
@@ -258,9 +258,7 @@ def test_the_mega_backend_exists_from_0523(version, mega):
 
 # ----------------------------------------------------------------------- the measured mechanism
 def _probe() -> dict:
-    if not PROBE.is_file():
-        pytest.skip(f"{PROBE.name} not recorded yet: run python3 bench/probe_smem_launch.py --out "
-                    f"fixtures/measured/{PROBE.name} on a CUDA GPU")
+    assert PROBE.is_file(), f"fixtures/measured/{PROBE.name}: the H200 record is part of the repository"
     return json.loads(PROBE.read_text(encoding="utf-8"))
 
 

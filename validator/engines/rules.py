@@ -269,7 +269,7 @@ def precompute_safe_rows(p) -> int | None:
       failure=Failure("python_exception",
                       "the JIT scheduling kernel's launch is refused (CUDA: too much shared memory for the block, "
                       "raised by the launch check), or, in 0.5.21, its size check raises first: the forward fails "
-                      "(read from the source; the launch limit's mechanism is measured by bench/probe_smem_launch.cu)"),
+                      "(read from the source; the launch limit's mechanism is measured on an H200: fixtures/measured/h200_smem_launch_probe.json)"),
       source="SGLang 0.5.21 / 0.5.22 / 0.5.23 srt/layers/attention/deepseek_v4_backend.py "
              "(_maybe_precompute_flashmla_sched_meta: no guard / guard 4*(5b+1+8P) <= 48 KiB / the same guard) and "
              "kernels/jit/csrc/deepseek_v4/flashmla_sched_meta.cuh (48 static bytes; 0.5.23 opts in to 48 KiB "
