@@ -45,11 +45,7 @@ def run_padded(job, stage, partial):
     call = call_from_record(job["record"])
     ins = tb.build_dense_inputs(torch, call, dev)
     bt = ins["block_table"]
-    if job.get("pad_block") is not None:
-        rows = job.get("pad_rows")        # default: the length-0 requests
-        lens = call.seqlens.tolist()
-        pad = torch.tensor([i in rows if rows is not None else lens[i] == 0 for i in range(len(lens))], device=dev)
-        bt[pad] = int(job["pad_block"])
+    tb.pad_block_table(torch, call, bt, job)
     stage("metadata")
     md, ns = ops.get_mla_decoding_metadata_dense_fp8(ins["cache_seqlens"], call.s_q * call.h_q // call.h_k, call.h_k)
     torch.cuda.synchronize()

@@ -109,8 +109,8 @@ def random_calls(n: int, seed: int, make) -> list[dict]:
 
 # ----------------------------------------------------------------------------- probes
 
-def probes() -> list[tuple[str, dict, str]]:
-    """(tag, record, provider) at each limit: limit-1, limit, limit+1."""
+def probes(sgl: bool = True) -> list[tuple[str, dict, str]]:
+    """(tag, record, provider) at each limit: limit-1, limit, limit+1 (``sgl``: sgl-flash-mla's too)."""
     out = []
     cur = (SMEM_OPTIN - 4) // 16           # 4*(4b+1): 14527 rows fit
     leg = (SMEM_OPTIN - 4) // 20           # 4*(5b+1): 11622 rows fit
@@ -143,7 +143,7 @@ def probes() -> list[tuple[str, dict, str]]:
                     "vllm"))
     for h_q in (32, 64, 128):
         out.append(("sparse_h_q", {"kind": "sparse", "b": 2, "s_q": 1, "h_q": h_q, "d_qk": 512, "topk": 128}, "vllm"))
-    return out
+    return [p for p in out if sgl or p[2] != "sgl"]
 
 
 def gap_probes() -> list[tuple[str, dict, str]]:
@@ -216,6 +216,18 @@ def result_fields(res) -> dict:
     if res.fallback_used:
         out["fallback_used"] = True
     return out
+
+
+def run_probe_set(plist: list[tuple[str, dict, str]], path: Path, header: dict, child: ChildSpec,
+                  timeout: float) -> None:
+    """Each probe in a child of its own (six at a time), written to ``path`` with its tag and provider."""
+    t0 = time.time()
+    res = run_jobs([job(r, VLLM if pv == "vllm" else SGL) for _, r, pv in plist], timeout, child, max_parallel=6)
+    rows = [dict(r, tag=tag, provider=pv, **result_fields(x)) for (tag, r, pv), x in zip(plist, res)]
+    for row in rows:
+        compact_probe(row)
+    write(path, header, rows)
+    print(f"{path.name}: {len(rows)} probes in {time.time() - t0:.0f} s", file=sys.stderr)
 
 
 def run_set(recs: list[dict], prov: Provider, build: str, child: ChildSpec, tmp: Path, timeout: float) -> list[dict]:
@@ -346,28 +358,12 @@ def main(argv=None) -> None:
         th = threading.Thread(target=one, args=(name, fname, make, prov))
         th.start()
         threads.append(th)
-    if only and only <= {"padding", "gaps"}:
-        pass
-    elif not only or "probes" in only:
-        t0 = time.time()
-        plist = [p for p in probes() if args.sgl or p[2] != "sgl"]
-        res = run_jobs([job(r, VLLM if pv == "vllm" else SGL) for _, r, pv in plist], args.timeout, child,
-                       max_parallel=6)
-        rows = [dict(r, tag=tag, provider=pv, **result_fields(x)) for (tag, r, pv), x in zip(plist, res)]
-        for row in rows:
-            compact_probe(row)
-        write(out / "vllm033_h200_probes.jsonl", dict(header, entry="probes"), rows)
-        print(f"probes: {len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
+    if not only or "probes" in only:
+        run_probe_set(probes(args.sgl), out / "vllm033_h200_probes.jsonl", dict(header, entry="probes"), child,
+                      args.timeout)
     if "gaps" in only:
-        t0 = time.time()
-        plist = gap_probes()
-        res = run_jobs([job(r, VLLM if pv == "vllm" else SGL) for _, r, pv in plist], args.timeout, child,
-                       max_parallel=6)
-        rows = [dict(r, tag=tag, provider=pv, **result_fields(x)) for (tag, r, pv), x in zip(plist, res)]
-        for row in rows:
-            compact_probe(row)
-        write(out / "h200_gap_probes.jsonl", dict(header, entry="probes of facts read or measured elsewhere"), rows)
-        print(f"gap probes: {len(rows)} in {time.time() - t0:.0f} s", file=sys.stderr)
+        run_probe_set(gap_probes(), out / "h200_gap_probes.jsonl",
+                      dict(header, entry="probes of facts read or measured elsewhere"), child, args.timeout)
     if "padding" in only:
         run_padding(out, header, child, ("vllm", "sgl") if args.sgl else ("vllm",), memcheck=args.memcheck)
     for th in threads:

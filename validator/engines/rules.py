@@ -6,7 +6,7 @@ import numpy as np
 from ..inputs.batch import RequestColumns
 from ..legality.failure import Failure
 from ..flashmla.plan import plan as flashmla_plan
-from ..flashmla.rules import SCHED_SMEM_SIGNATURES
+from ..flashmla.rules import SCHED_SMEM_SIGNATURES, empty_prefill_signatures
 from ..facts.formula import Formula, formula_field
 from .forward import forward_rows
 from .versions import release_key
@@ -114,20 +114,7 @@ def _fix_rows(batch, L: int) -> str:
       failure=Failure("process_crash", "flash_mla_sparse_fwd with 0 rows segfaults",
                       message="TMA Desc Addr|Failed to initialize the TMA descriptor"),
       source="SGLang DeepSeek-V4 backend sparse-prefill route; FlashMLA measured s_q=0 crash",
-      signatures=[
-          {"message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
-           "builds": ["flashmla-9241ae3"],
-           "source": "measured on H200 with 9241ae3 (oracle flashmla_h200_sparse_prefill_probes.jsonl, s_q 0): a TMA "
-                     "descriptor dump, then SIGSEGV"},
-          {"file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
-           "builds": ["flashmla-9241ae3"],
-           "source": "FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh:614: the host assertion on the encoded "
-                     "TMA descriptor (read from source)"},
-          {"file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
-           "builds": ["sgl-flash-mla-1.0.0"],
-           "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl, 'legacy prefill "
-                     "s_q=0'): RuntimeError for the assertion at phase1.cuh:621"},
-      ])
+      signatures=empty_prefill_signatures(("flashmla-9241ae3",)))
 def empty_sparse_prefill(bp):
     """A forward routed to ``flash_mla_sparse_fwd`` must have at least one query row.
 

@@ -791,6 +791,27 @@ def implementation_exists(p: Plan):
         fix=f"use an {sm_list(archs)} GPU and a supported head count")]
 
 
+def empty_prefill_signatures(tma_dump_builds: tuple) -> tuple:
+    """The error lines of ``flash_mla_sparse_fwd`` with zero rows: FMLA014's, and SGL002's (the engine
+    route that sends it an empty chunk). ``tma_dump_builds``: the builds the descriptor-dump line is
+    recorded for."""
+    return (
+        {"message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
+         "builds": list(tma_dump_builds),
+         "source": "measured on H200 with 9241ae3 (oracle flashmla_h200_sparse_prefill_probes.jsonl, s_q 0): a TMA "
+                   "descriptor dump, then SIGSEGV" + ("; 1408756 inferred from the same code"
+                                                      if "flashmla-1408756" in tma_dump_builds else "")},
+        {"file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
+         "builds": ["flashmla-9241ae3"],
+         "source": "FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh:614: the host assertion on the encoded "
+                   "TMA descriptor (read from source)"},
+        {"file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
+         "builds": ["sgl-flash-mla-1.0.0"],
+         "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl, 'legacy prefill "
+                   "s_q=0'): RuntimeError for the assertion at phase1.cuh:621"},
+    )
+
+
 @rule("FMLA014", facts=_facts(_prefill, 'failures'), reads="rows", added=14,
       title="sparse prefill (flash_mla_sparse_fwd) with zero query rows",
       failure=Failure("process_crash", also=("python_exception",),
@@ -799,20 +820,7 @@ def implementation_exists(p: Plan):
                            "on sgl-flash-mla 1.0.0 (RuntimeError at phase1.cuh:621)"),
       source="FlashMLA 9241ae3 flash_mla_sparse_fwd; measured on H200: s_q=0 crashes, 1..200000 run; sgl-flash-mla "
              "1.0.0 measured on H200 (sglfm_h200_probes)",
-      signatures=[
-          {"message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
-           "builds": ["flashmla-9241ae3", "flashmla-1408756"],
-           "source": "measured on H200 with 9241ae3 (oracle flashmla_h200_sparse_prefill_probes.jsonl, s_q 0): a TMA "
-                     "descriptor dump, then SIGSEGV; 1408756 inferred from the same code"},
-          {"file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
-           "builds": ["flashmla-9241ae3"],
-           "source": "FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh:614: the host assertion on the encoded "
-                     "TMA descriptor (read from source)"},
-          {"file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
-           "builds": ["sgl-flash-mla-1.0.0"],
-           "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl, 'legacy prefill "
-                     "s_q=0'): RuntimeError for the assertion at phase1.cuh:621"},
-      ])
+      signatures=empty_prefill_signatures(("flashmla-9241ae3", "flashmla-1408756")))
 def sparse_prefill_rows(p: Plan):
     """``flash_mla_sparse_fwd`` needs at least one query row (and has no upper row limit).
 

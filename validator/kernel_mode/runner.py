@@ -246,13 +246,18 @@ def run_jobs(jobs: Sequence[dict], timeout: float = DEFAULT_TIMEOUT_S, child: Ch
         if on_done is not None:
             on_done(i, r)
 
-    if max_parallel <= 1 or len(jobs) <= 1:
-        for i in range(len(jobs)):
+    _each(one, len(jobs), max_parallel)
+    return [r for r in results if r is not None]
+
+
+def _each(one: Callable[[int], None], n: int, max_parallel: int) -> None:
+    """``one(i)`` for every i below ``n``, at most ``max_parallel`` at a time."""
+    if max_parallel <= 1 or n <= 1:
+        for i in range(n):
             one(i)
     else:
         with ThreadPoolExecutor(max_workers=max_parallel) as pool:
-            list(pool.map(one, range(len(jobs))))
-    return [r for r in results if r is not None]
+            list(pool.map(one, range(n)))
 
 
 # ----------------------------------------------------------------------------- long-lived children
@@ -441,12 +446,7 @@ def run_jobs_served(jobs: Sequence[dict], timeout: float = DEFAULT_TIMEOUT_S, ch
             on_done(i, r)
 
     try:
-        if max_parallel <= 1 or len(jobs) <= 1:
-            for i in range(len(jobs)):
-                one(i)
-        else:
-            with ThreadPoolExecutor(max_workers=max_parallel) as pool:
-                list(pool.map(one, range(len(jobs))))
+        _each(one, len(jobs), max_parallel)
     finally:
         for w in started:
             w.close()

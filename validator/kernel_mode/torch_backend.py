@@ -157,6 +157,26 @@ def job_use_legacy(job) -> bool | None:
     return bool(rec["use_legacy"]) if rec.get("use_legacy") is not None else None
 
 
+def job_legacy(fn, job, partial) -> tuple[dict, dict]:
+    """``(keyword arguments, what was used)`` for the job's ``use_legacy`` on entry ``fn``; what was
+    used is reported as a partial result first (so a crash still says which half ran)."""
+    legacy = legacy_kwargs(fn, job_use_legacy(job))
+    used = {LEGACY_PARAM: legacy[LEGACY_PARAM]} if legacy else {}
+    if used:
+        partial(used)
+    return legacy, used
+
+
+def pad_block_table(torch, call, bt, job) -> None:
+    """Overwrite the block-table rows of the job's ``pad_rows`` (default: the length-0 requests) with its
+    ``pad_block`` (what CUDA-graph padding writes: -1); nothing when the job names none."""
+    if job.get("pad_block") is None:
+        return
+    rows, lens = job.get("pad_rows"), call.seqlens.tolist()
+    pad = torch.tensor([(i in rows) if rows is not None else lens[i] == 0 for i in range(len(lens))], device=bt.device)
+    bt[pad] = int(job["pad_block"])
+
+
 def legacy_kwargs(fn, wanted: bool | None) -> dict:
     """``{"use_legacy": value}`` for an entry point that names the parameter (value: ``wanted``, else
     True); ``{}`` for one that does not, unless the job asks for a value explicitly (unsupported)."""
@@ -281,10 +301,7 @@ def op_decode(job, stage, partial) -> dict:
         extra[key] = ins.get(key)
     if call.is_sparse and "is_fp8_kvcache" not in info["features"]:
         extra["is_fp8_kvcache"] = None
-    legacy = legacy_kwargs(fwd, job_use_legacy(job))
-    used = {"use_legacy": legacy[LEGACY_PARAM]} if legacy else {}
-    if used:
-        partial(used)
+    legacy, used = job_legacy(fwd, job, partial)
     started = time.perf_counter()
     if api == "sched_meta":
         sched = mod.get_mla_metadata(**_named_legacy(mod.get_mla_metadata, legacy))
@@ -333,10 +350,7 @@ def _hoisted(torch, dev, mod, info, call, job, stage, partial) -> dict:
     stage("inputs")
     lens = [call.topk] * call.b if call.is_sparse else call.seqlens.tolist()
     seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
-    legacy = legacy_kwargs(fn, job_use_legacy(job))
-    used = {"use_legacy": legacy[LEGACY_PARAM]} if legacy else {}
-    if used:
-        partial(used)
+    legacy, used = job_legacy(fn, job, partial)
     stage("metadata")
     started = time.perf_counter()
     md, ns = fn(seqlens, call.s_q * call.h_q // call.h_k, call.h_k, call.h_q, call.kind != "dense",
@@ -367,11 +381,7 @@ def _dense_fp8_call(torch, dev, mod, info, call, job, stage, partial) -> dict:
     stage("inputs")
     ins = build_dense_inputs(torch, call, dev)
     bt = ins["block_table"]
-    if job.get("pad_block") is not None:
-        rows = job.get("pad_rows")
-        lens = call.seqlens.tolist()
-        bt[torch.tensor([(i in rows) if rows is not None else lens[i] == 0 for i in range(len(lens))],
-                        device=dev)] = int(job["pad_block"])
+    pad_block_table(torch, call, bt, job)
     _sync(torch, dev)
     legacy = legacy_kwargs(fn, True)
     stage("metadata")
@@ -436,10 +446,7 @@ def op_prefill(job, stage, partial) -> dict:
     idx = (torch.arange(call.topk, dtype=torch.int32, device=dev) % s_kv)
     idx = idx.view(1, 1, -1).expand(call.s_q, call.h_kv, call.topk).contiguous()
     _sync(torch, dev)
-    legacy = legacy_kwargs(fn, job_use_legacy(job))
-    used = {"use_legacy": legacy[LEGACY_PARAM]} if legacy else {}
-    if used:
-        partial(used)
+    legacy, used = job_legacy(fn, job, partial)
     stage("call")
     started = time.perf_counter()
     fn(q, kv, idx, call.d_qk ** -0.5, call.d_v, **legacy)
