@@ -169,3 +169,15 @@ def test_explain_and_builds_say_what_is_measured_where():
     assert all(p["B200"]["measured"] == 0 for p in by.values())          # nothing here ran on Blackwell
     assert by["flashmla-2026.09.30"]["H200"]["measured"] == 0            # an SM100-only build
     assert by["sgl-flash-mla-1.0.0"]["H200"]["measured"] > by["sgl-flash-mla-1.0.0"]["H200"]["read"]
+
+
+@pytest.mark.parametrize("name", LABELLED)
+def test_tested_entries_name_tests_that_exist(name):
+    for path, _, e in _entries(name):
+        if e["kind"] != "tested":
+            continue
+        for t in ([e["test"]] if isinstance(e["test"], str) else e["test"]):
+            file, _, func = t.partition("::")
+            src = ROOT / file
+            assert src.is_file(), (path, t)
+            assert not func or f"def {func.split('[')[0]}(" in src.read_text(), (path, t)
