@@ -8,6 +8,7 @@ been measured on the project's H200, so every verdict about it rests on read fac
 """
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -72,7 +73,8 @@ def test_measured_entries_name_a_recorded_fixture_of_an_h200_and_known_builds(na
         for fx in ([e["fixture"]] if isinstance(e["fixture"], str) else e["fixture"]):
             f = ROOT / fx
             assert f.is_file() and fx.startswith("fixtures/"), (path, fx)
-            head = json.loads(f.read_text().splitlines()[0]) if fx.endswith(".jsonl") else json.loads(f.read_text())
+            text = gzip.decompress(f.read_bytes()).decode() if fx.endswith(".gz") else f.read_text()
+            head = json.loads(text.splitlines()[0]) if fx.endswith((".jsonl", ".jsonl.gz")) else json.loads(text)
             dev = head.get("device") if isinstance(head, dict) else None
             dev = dev.get("name") if isinstance(dev, dict) else dev
             if dev is None:        # a recording without a header: the shared oracle's, all from one H200

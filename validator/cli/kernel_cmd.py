@@ -26,7 +26,18 @@ EXIT_AGREE, EXIT_DISAGREE = 0, 1
 
 
 def kernel_status(result: dict) -> str:
-    """``agree`` | ``disagree`` | ``inconclusive`` | ``unavailable`` for a kernel-mode result."""
+    """``agree`` | ``disagree`` | ``inconclusive`` | ``unavailable`` for a kernel-mode result: with several
+    parts (FlashMLA, FlashInfer, DeepGEMM), ``disagree`` if any part disagrees, ``agree`` only if every
+    part agrees, else the first part's state."""
+    parts = [_part_status(result)] + [_part_status(p) for p in result.get("libraries") or ()]
+    if "disagree" in parts:
+        return "disagree"
+    if all(s == "agree" for s in parts):
+        return "agree"
+    return next(s for s in parts if s != "agree")
+
+
+def _part_status(result: dict) -> str:
     if not result.get("available"):
         return "unavailable"
     status = result.get("status") or (result.get("summary") or {}).get("status")
@@ -90,6 +101,27 @@ def kernel_provider(provider: str, kernel_gen: Optional[str], vllm_flashmla: Opt
     return provider_for_build(kernel_gen, provider)
 
 
+FLASHINFER_HELP = ("Folder holding flashinfer/ (a flashinfer-python wheel unzipped, its dist-info beside it) for "
+                   "mla_plan calls; default: $VALIDATE_BATCH_FLASHINFER, else the installed flashinfer.")
+DEEPGEMM_HELP = ("Folder holding deep_gemm/ (or an extracted vLLM wheel with vllm/third_party/deep_gemm) for "
+                 "paged_mqa_logits_metadata calls; default: $VALIDATE_BATCH_DEEP_GEMM, else the installed deep_gemm, "
+                 "else the copy inside an installed vllm.")
+
+
+def library_folders(flashinfer: Optional[str], deep_gemm: Optional[str]) -> None:
+    """``--flashinfer DIR`` / ``--deep-gemm DIR``: checked here, passed to the children through the environment."""
+    from ..kernel_mode.libraries import DEEPGEMM, FLASHINFER, locate_deep_gemm, locate_flashinfer, ENVS
+
+    for flag, folder, find, name in (("--flashinfer", flashinfer, locate_flashinfer, FLASHINFER),
+                                     ("--deep-gemm", deep_gemm, locate_deep_gemm, DEEPGEMM)):
+        if folder is None:
+            continue
+        lib, why = find(folder)
+        if lib is None:
+            raise InputError(flag, why)
+        os.environ[ENVS[name]] = os.path.abspath(folder)
+
+
 def _child(python: Optional[str], backend: Optional[str]):
     from ..kernel_mode.runner import ChildSpec
 
@@ -110,9 +142,13 @@ def kernel_check_cmd(
     sample: Optional[int] = typer.Option(None, "--sample", help="Run N calls spread evenly over the file (first and last included)."),
     kernel_gen: Optional[str] = typer.Option(None, "--build", "--kernel-gen", help=KERNEL_GEN_PROVIDER_HELP),
     vllm_flashmla: Optional[str] = typer.Option(None, "--vllm-flashmla", help=VLLM_FLASHMLA_HELP),
+    flashinfer: Optional[str] = typer.Option(None, "--flashinfer", help=FLASHINFER_HELP),
+    deep_gemm: Optional[str] = typer.Option(None, "--deep-gemm", help=DEEPGEMM_HELP),
+    keep_output: bool = typer.Option(False, "--keep-output", help="In --json, keep everything each call's kernel wrote (FlashMLA's metadata, FlashInfer's plan_info and planned arrays, DeepGEMM's metadata ends), to record it."),
     fresh_children: bool = typer.Option(False, "--fresh-children", help="One new child process per call (slower: a torch import and CUDA context each), instead of long-lived children replaced after any fatal outcome."),
 ):
-    """Run each call on the real FlashMLA kernels and diff with the model.
+    """Run each call on the real kernels (FlashMLA; FlashInfer's MLA plan; DeepGEMM's indexer metadata) and
+    diff with the model.
 
     Long-lived child processes take the calls (one per --jobs slot); a child is replaced after any
     outcome that can poison its CUDA context, and a call the model expects to be fatal runs in a
@@ -129,6 +165,12 @@ def kernel_check_cmd(
     * `validate-batch kernel-check fixtures/oracle/flashmla_h200_cases.jsonl --sample 40 -j 4`
 
     * `echo '{"kind": "sparse", "b": 12288, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 512}' | validate-batch kernel-check -`
+
+    * `echo '{"kind": "mla_plan", "qo_indptr": [0, 1, 2], "kv_indptr": [0, 3, 5], "kv_len": [130, 70], "h_q": 16, "page_size": 64}' | validate-batch kernel-check --flashinfer DIR -`
+      (FlashInfer's plan, its 18 plan_info numbers and every planned array against the model's)
+
+    * `echo '{"kind": "paged_mqa_logits_metadata", "batch": 58113}' | validate-batch kernel-check --deep-gemm DIR -`
+      (DIR: vLLM's bundled deep_gemm extracted from its wheel, or any folder holding deep_gemm/)
     """
     from ..kernel_mode.check import kernel_check_report, render_kernel_result
     output = Output.for_flags(as_json)
@@ -147,10 +189,11 @@ def kernel_check_cmd(
         if timeout <= 0:
             raise InputError("--timeout", f"expected > 0 seconds, got {timeout}")
         provider = kernel_provider(provider, kernel_gen, vllm_flashmla)
+        library_folders(flashinfer, deep_gemm)
     except InputError as e:
         output.error(e)
     result = kernel_check_report(report, output.err_console, provider=provider, timeout=timeout, max_parallel=jobs,
-                                 child=_child(python, backend), served=not fresh_children)
+                                 child=_child(python, backend), served=not fresh_children, keep_output=keep_output)
     if output.is_json:
         output.json(result)
     else:

@@ -18,7 +18,12 @@ from ..facts.limits import echo
 
 RULE_KIND = "deepgemm"
 KINDS = ("paged_mqa_logits_metadata",)
-KEYS = frozenset({"kind", "batch", "next_n", "varlen", "caller", "jit_indexer_metadata", "version", "label"})
+KEYS = frozenset({"kind", "batch", "next_n", "varlen", "caller", "jit_indexer_metadata", "version", "label",
+                  "context_len", "block_kv"})
+#: kernel mode's inputs when a record does not give them: every request's context length, and the KV
+#: block size of the indexer's paged cache (SGLang's and vLLM's DSA indexer pages hold 64 tokens)
+DEFAULT_CONTEXT_LEN = 4096
+DEFAULT_BLOCK_KV = 64
 MAX_BATCH = 1 << 24
 
 
@@ -41,6 +46,8 @@ class MqaMetadataCall:
     jit_indexer_metadata: bool = False
     label: str = ""
     kind: str = "paged_mqa_logits_metadata"
+    context_len: int | None = None    # kernel mode's context length per request (the limits do not read it)
+    block_kv: int | None = None       # kernel mode's KV block size
 
     @property
     def rows(self) -> int:
@@ -57,6 +64,11 @@ class MqaMetadataCall:
             rec["varlen"] = True
         if self.caller:
             rec["caller"] = self.caller
+        if self.jit_indexer_metadata:
+            rec["jit_indexer_metadata"] = True
+        for key in ("context_len", "block_kv"):
+            if getattr(self, key) is not None:
+                rec[key] = getattr(self, key)
         if self.label:
             rec["label"] = self.label
         return rec
@@ -211,7 +223,9 @@ def call_from_record(rec: Mapping, prefix: str = "") -> MqaMetadataCall:
         raise InputError(field_name(prefix, "caller"), f"expected one of {', '.join(callers)}, got {echo(caller)}")
     return MqaMetadataCall(int_field(rec, "batch", prefix, 1, MAX_BATCH), int_field(rec, "next_n", prefix, 1, 64, 1),
                            bool_field(rec, "varlen", prefix, False), caller,
-                           bool_field(rec, "jit_indexer_metadata", prefix, False), str(rec.get("label") or ""))
+                           bool_field(rec, "jit_indexer_metadata", prefix, False), str(rec.get("label") or ""),
+                           context_len=int_field(rec, "context_len", prefix, 0, 1 << 24, None),
+                           block_kv=int_field(rec, "block_kv", prefix, 1, 1 << 10, None))
 
 
 def plan(call: MqaMetadataCall | Mapping, gpu: Any = "H200", name: str | None = None, prefix: str = "") -> DeepGemmPlan:

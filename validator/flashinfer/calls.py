@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..errors import InputError
-from ..facts.fields import field_name, int_field
+from ..facts.fields import bool_field, field_name, int_field
 from ..facts.knowledge import GPU, load, resolve_gpu
 from ..facts.limits import echo
 
@@ -30,7 +30,9 @@ INT32_MAX = 2**31 - 1
 MAX_BATCH = 1 << 24
 MAX_INDPTR = 1 << 22          # entries of an indptr (requests + 1)
 TRTLLM_KEYS = frozenset({"kind", "batch", "q_len_per_request", "h_q", "label", "version"})
-PLAN_KEYS = frozenset({"kind", "qo_indptr", "kv_indptr", "kv_len", "h_q", "label", "version", "entry"})
+PLAN_KEYS = frozenset({"kind", "qo_indptr", "kv_indptr", "kv_len", "h_q", "label", "version", "entry", "causal",
+                       "page_size"})
+MAX_PAGE_SIZE = 1 << 12
 #: how an MLA plan is called: through the wrapper's ``plan()``, or the JIT module's ``plan`` directly
 PLAN_ENTRIES = ("wrapper", "module")
 
@@ -75,6 +77,8 @@ class MlaPlanCall:
     label: str = ""
     kind: str = "mla_plan"
     entry: str = "wrapper"
+    causal: bool = False             # the plan's causal mask (it changes the work split)
+    page_size: int | None = None     # tokens per KV page (kernel mode's inputs; the plan itself does not read it)
 
     @property
     def batch(self) -> int:
@@ -93,8 +97,23 @@ class MlaPlanCall:
                 rec["kv_len"] = self.kv_len.tolist()
         if self.entry != "wrapper":
             rec["entry"] = self.entry
+        if self.causal:
+            rec["causal"] = True
+        if self.page_size is not None:
+            rec["page_size"] = self.page_size
         if self.label:
             rec["label"] = self.label
+        return rec
+
+    def full_record(self) -> dict:
+        """The call as a record ``call_from_record`` reads back, every array whole."""
+        rec = {"kind": "mla_plan", "qo_indptr": self.qo_indptr.tolist(), "kv_indptr": self.kv_indptr.tolist(),
+               "h_q": self.h_q}
+        if self.kv_len is not None:
+            rec["kv_len"] = self.kv_len.tolist()
+        for key, default in (("entry", "wrapper"), ("causal", False), ("page_size", None)):
+            if getattr(self, key) != default:
+                rec[key] = getattr(self, key)
         return rec
 
 
@@ -205,7 +224,9 @@ def call_from_record(rec: Mapping, prefix: str = "") -> TrtllmGenCall | MlaPlanC
     entry = rec.get("entry", "wrapper")
     if entry not in PLAN_ENTRIES:
         raise InputError(field_name(prefix, "entry"), f"expected one of {', '.join(PLAN_ENTRIES)}, got {echo(entry)}")
-    return MlaPlanCall(qo, kv, kv_len, int_field(rec, "h_q", prefix, 1, 1 << 12, 128), label, entry=entry)
+    return MlaPlanCall(qo, kv, kv_len, int_field(rec, "h_q", prefix, 1, 1 << 12, 128), label, entry=entry,
+                       causal=bool_field(rec, "causal", prefix, False),
+                       page_size=int_field(rec, "page_size", prefix, 1, MAX_PAGE_SIZE, None))
 
 
 def plan(call: TrtllmGenCall | MlaPlanCall | Mapping, gpu: Any = "H200", name: str | None = None,

@@ -194,7 +194,7 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
             f"request {i} pages kv_indptr[{i + 1}] - kv_indptr[{i}] expected >= 0, got {b} - {a} = {b - a}",
             subject=f"{_subject(p)} request {i}", numbers={"request": i, "field": "kv_indptr", "value": b - a},
             fix="build kv_indptr as the cumulative sum of each request's page count",
-            failure=p.plan_facts["kv_failure"]))
+            failure=p.plan_facts.get("kv_indptr_failure", p.plan_facts["kv_failure"])))
     if c.kv_len is not None and c.kv_len.shape[0] and int(c.kv_len.min()) < 0:
         j = int(np.argmax(c.kv_len < 0))
         out.append(mla_plan_kv_lengths.rule.finding(
@@ -202,3 +202,91 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
             subject=f"{_subject(p)} request {j}", numbers={"request": j, "field": "kv_len", "value": int(c.kv_len[j])},
             fix="pass each request's KV length (>= 0)", failure=p.plan_facts["kv_failure"]))
     return out
+
+
+def _work_capacity(p: FlashInferPlan) -> dict | None:
+    """The version's work-item capacity facts for the call's entry (None: none recorded)."""
+    facts = p.plan_facts.get("work_capacity") or p.facts["mla_plan"].get("work_capacity")
+    return facts
+
+
+def _total_works(c: MlaPlanCall, num_sm: int, cap: int) -> int | None:
+    """The plan's work items (the model of MLAPlan, bit-exact on an H200), or a lower bound above ``cap``
+    when the batch alone exceeds it (every request with query rows is at least one work item); None when
+    the plan cannot be made (an earlier rule's input, or no KV lengths)."""
+    from .mla_schedule import mla_schedule
+
+    q_lens = np.diff(c.qo_indptr)
+    if c.kv_len is None or (q_lens < 0).any() or (c.kv_len < 0).any():
+        return None
+    if int((q_lens > 0).sum()) > cap:
+        return int((q_lens > 0).sum())
+    try:
+        return mla_schedule(c.qo_indptr, c.kv_indptr, c.kv_len, c.h_q, num_sm, c.causal)["total_works"]
+    except (ValueError, ZeroDivisionError, AssertionError):
+        return None
+
+
+@rule("FI004", subject=PLAN_RULE_KIND, added=38, facts=("mla_plan",),
+      title="FlashInfer MLA plan(): more work items than the plan's fixed 16384-entry work list",
+      failure=Failure("python_exception",
+                      "flashinfer-python 0.7.2's wrapper: \"FA MLA needs at least N work items; native capacity is "
+                      "16384.\" (recoverable, the step fails); the JIT module's plan (CUDA-graph replays) and older "
+                      "trees: no check, the work list overruns and rows are left unwritten (silent_wrong)",
+                      message="needs at least \\d+ work items; native capacity is \\d+"),
+      source="flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_backends/_fa_common.py:253-322 (the wrapper counts "
+             "the work items first), flashinfer/data/include/flashinfer/attention/scheduler.cuh:1775-1840 "
+             "(MLAPlan's 16384-entry per-work regions, no check)",
+      signatures=[
+          {"message": "needs at least \\d+ work items; native capacity is \\d+", "failure": "python_exception",
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_backends/_fa_common.py:253-322"},
+      ])
+def mla_plan_work_capacity(p: FlashInferPlan):
+    """MLA ``plan()``: the plan's work items must fit the 16384 entries of each per-work array.
+
+    ## What it checks
+    The number of work items the plan makes (each request's query rows in tiles of 64 or 128 packed
+    rows, each tile's keys in KV chunks: the model of ``MLAPlan``, equal to the kernel's plan on an
+    H200 for every recorded call) is at most 16384.
+
+    ## Why it crashes
+    ``MLAPlan`` lays out each per-work array (query and KV offsets, lengths, partial-output offsets)
+    as a region of 16384 entries of the integer workspace and writes the work items into them without
+    a check. flashinfer-python 0.7.2's wrapper counts the work items first and refuses a plan above
+    the capacity (``FA MLA needs at least 16385 work items; native capacity is 16384.``). The JIT
+    module's ``plan``, which SGLang calls directly on CUDA-graph replays (``"entry": "module"``), does
+    not: the items past the region overwrite the next one, and on an H200 the rows of a request the
+    overrun reaches were left unwritten (silently wrong).
+
+    ## Example
+    16385 decode requests of 1 query token and 1 key each, 128 heads, on 132 SMs: two-CTA clusters, one
+    work item per request, 16385 items.
+
+    ## Fix
+    Split the batch so each plan has at most 16384 work items (fewer requests, or fewer query tokens
+    per request in one plan).
+
+    ## Source
+    flashinfer-python 0.7.2 ``flashinfer/mla/_batch_mla/_backends/_fa_common.py:253-322``,
+    ``flashinfer/data/include/flashinfer/attention/scheduler.cuh:1775-1840``; measured on an H200
+    (``fixtures/measured/flashinfer072_h200_kernel_check.json.gz``: 16383 / 16384 / 16385 work items on
+    both entries).
+    """
+    c = p.call
+    if not isinstance(c, MlaPlanCall):
+        return None
+    facts = _work_capacity(p)
+    if facts is None:
+        return None
+    cap = int(facts["max_works"])
+    n = _total_works(c, p.gpu.num_sms, cap)
+    if n is None or n <= cap:
+        return None
+    parts = -(-n // cap)
+    return [mla_plan_work_capacity.rule.finding(
+        f"the plan has {n} work items on {p.gpu.num_sms} SMs; expected <= {cap}, got {n}",
+        subject=_subject(p), numbers={"work_items": n, "max_work_items": cap, "num_sm": p.gpu.num_sms},
+        fix=f"split the batch into at least {parts} plans of <= {cap} work items (about {-(-c.batch // parts)} "
+            f"requests each)",
+        failure=facts["failure"])]

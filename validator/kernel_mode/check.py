@@ -280,8 +280,9 @@ def replan(p: Plan, gpu: GPU, generation: str | None) -> Plan:
         return make_plan(p.call, gpu, p.gen.get("name"))
 
 
-def compare_call(index: int, p: Plan, run: RunResult) -> dict:
-    """One call's line of the result: model, kernel, metadata diff, agreement."""
+def compare_call(index: int, p: Plan, run: RunResult, keep_output: bool = False) -> dict:
+    """One call's line of the result: model, kernel, metadata diff, agreement (``keep_output``: with
+    everything the kernel wrote, as the child reported it)."""
     mv = model_view(p)
     verdict, why = judge(mv, run)
     matches = [failure_matches(c, run) for c in mv.predicted_classes]
@@ -292,7 +293,7 @@ def compare_call(index: int, p: Plan, run: RunResult) -> dict:
                   "expected_failure": mv.expected_failure or None,
                   "expected_failures": list(mv.predicted_classes), "num_sm_parts": p.num_sm_parts,
                   "generation": p.gen.get("name")},
-        "kernel": run.to_dict(),
+        "kernel": run.to_dict(with_payload=keep_output),
         "kernel_verdict": run.verdict,
         "agreement": verdict,
         "agreement_reason": why or None,
@@ -362,7 +363,8 @@ def predicted_fatal(p: Plan) -> bool:
 
 
 def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT_TIMEOUT_S,
-              child: ChildSpec | None = None, max_parallel: int = 1, console=None, served: bool = True) -> dict:
+              child: ChildSpec | None = None, max_parallel: int = 1, console=None, served: bool = True,
+              keep_output: bool = False) -> dict:
     """Run the plans' calls with a detected provider and build the full result.
 
     ``served`` (the default): long-lived children take the calls the model expects to run or to
@@ -396,7 +398,7 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
     else:
         results = run_jobs(jobs, timeout, child, max_parallel, progress)
     wall = time.monotonic() - t0
-    entries = [compare_call(i, p, r) for i, (p, r) in enumerate(zip(replanned, results))]
+    entries = [compare_call(i, p, r, keep_output) for i, (p, r) in enumerate(zip(replanned, results))]
     summary = summarize(entries)
     return {
         "available": True,
@@ -419,32 +421,58 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
 
 
 def kernel_check_report(report, console=None, *, provider: str = "auto", timeout: float = DEFAULT_TIMEOUT_S,
-                        max_parallel: int = 1, child: ChildSpec | None = None, served: bool = True) -> dict:
+                        max_parallel: int = 1, child: ChildSpec | None = None, served: bool = True,
+                        keep_output: bool = False) -> dict:
     """Run each call of ``report`` on the real kernels; a JSON-able result (never a traceback).
 
     Without torch, a CUDA GPU or FlashMLA the result is ``{"available": false, "reason": ...}``.
     """
-    plans = [p for p in getattr(report, "plans", []) if isinstance(p.call, (DecodeCall, SparsePrefillCall))]
+    from .libraries import library_of, run_library_calls
+
+    every = list(getattr(report, "plans", []))
+    plans = [p for p in every if isinstance(p.call, (DecodeCall, SparsePrefillCall))]
+    by_library: dict[str, list] = {}
+    for p in every:
+        name = library_of(p)
+        if name is not None:
+            by_library.setdefault(name, []).append(p)
     slots = slot_buffer_checks(report, timeout=timeout, child=child, console=console)
+    libraries = {name: run_library_calls(ps, name, timeout=timeout, child=child, max_parallel=max_parallel,
+                                         console=console, served=served, keep_output=keep_output)
+                 for name, ps in by_library.items()}
     if not plans:
+        if libraries:
+            first, *rest = libraries.values()
+            result = dict(first)
+            if rest:
+                result["libraries"] = rest
+            if slots is not None:
+                result["slot_buffers"] = slots
+            return result
         if slots is not None:
             return slots
-        return {"available": False, "reason": "the report has no FlashMLA calls to run"}
+        return {"available": False, "reason": "the report has no FlashMLA, FlashInfer MLA plan or DeepGEMM metadata "
+                                              "calls to run"}
     if console is not None:
         console.print("kernel mode: detecting torch, GPU and FlashMLA in a child process ...", markup=False,
                       highlight=False)
     det = detect(provider, child, timeout)
     if not det.available:
-        return {"available": False, "reason": det.reason, "detection": det.to_dict()}
+        out = {"available": False, "reason": det.reason, "detection": det.to_dict()}
+        if libraries:
+            out["libraries"] = list(libraries.values())
+        return out
     if console is not None:
         p = det.provider
         console.print(f"kernel mode: {p.build or p.module} via {p.module} ({p.api} API) on {det.device.get('name')} "
                       f"sm{''.join(map(str, det.device.get('cc', [])))}, {det.device.get('num_sms')} SMs; "
                       f"{len(plans)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
     result = run_calls(plans, det, timeout=timeout, child=child, max_parallel=max_parallel, console=console,
-                       served=served)
+                       served=served, keep_output=keep_output)
     if slots is not None:
         result["slot_buffers"] = slots
+    if libraries:
+        result["libraries"] = list(libraries.values())
     return result
 
 
@@ -500,8 +528,12 @@ def render_kernel_result(result: dict, console) -> None:
     elif isinstance(slot_part, list):  # a batch with slots only
         _render_slots(result, console)
         return
+    for part in result.get("libraries") or ():
+        render_kernel_result(part, console)
     if not result.get("available"):
-        console.print(f"[bold yellow]kernel mode unavailable[/]: {escape(str(result.get('reason', '')))}", markup=True)
+        what = f" ({result['library']})" if result.get("library") else ""
+        console.print(f"[bold yellow]kernel mode unavailable{what}[/]: {escape(str(result.get('reason', '')))}",
+                      markup=True)
         return
     prov, dev = result["provider"], result.get("device") or {}
     build = prov.get("build") or prov["module"]
@@ -535,6 +567,9 @@ def render_kernel_result(result: dict, console) -> None:
         md = e.get("metadata")
         if md is not None and not md.get("identical"):
             console.print(f"  call {e['index']}: metadata {escape(md.get('summary', ''))}", markup=True)
+        if k.get("unwritten_requests"):
+            console.print(f"  call {e['index']}: output rows left unwritten for request(s) "
+                          f"{k['unwritten_requests'][:16]}", markup=True)
         if e["agreement"] == "agree_ub":
             console.print(f"  call {e['index']}: the model flags undefined behaviour "
                           f"({','.join(e['model']['codes'])}); the kernel happened to run this time")

@@ -29,6 +29,7 @@ from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..facts.knowledge import generation
 from .reproduce import BROKEN_PREFIX, one_line, torch_broken
 from .builds import LEGACY_PARAM, distribution_of
+from .library_backend import OPS as LIBRARY_OPS
 from .protocol import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
 from .vllm_bundle import EXTENSION_OPS, add_to_path
@@ -478,7 +479,7 @@ def op_slot(job, stage, partial) -> dict:
     return {"message": f"OK wrote slot {slot} of {rows} rows", "wrote": wrote}
 
 
-OPS = {"detect": op_detect, "decode": op_decode, "prefill": op_prefill, "slot": op_slot}
+OPS = {"detect": op_detect, "decode": op_decode, "prefill": op_prefill, "slot": op_slot, **LIBRARY_OPS}
 
 
 def run(job: dict, stage, partial) -> dict:
