@@ -51,11 +51,11 @@ _LIMIT_FAILURE = {"host": "failure", "static": "static_failure", "launch": "laun
              "csrc/jit/compiler.hpp:225-229 (the JIT compile's failure), csrc/jit/handle.hpp:175-187 (the launch); "
              "SGLang 0.5.23 srt/layers/attention/dsv4/metadata.py:66, :212-218 (replacement planner)",
       signatures=[
-          {"file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
+          {"library": "deepgemm", "file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
-          {"file": "sm100_mqa_logits.hpp", "message": "smem_size <= SM100ArchSpec::smem_capacity",
+          {"library": "deepgemm", "file": "sm100_mqa_logits.hpp", "message": "smem_size <= SM100ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
-          {"file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
+          {"library": "deepgemm", "file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-88965b0", "deepgemm-7f2a703"]},
       ])
 def mqa_metadata_smem(p: DeepGemmPlan):

@@ -28,14 +28,12 @@ def grid_batch_page() -> dict:
              "batch size), :476, :451 (launch); include/flashinfer/trtllm/common.h:44-54 (cuErrCheck prints and "
              "continues); csrc/trtllm_fmha_kernel_launcher.cu:164 (mBatchSize = batch size)",
       signatures=[
-          {"file": "fmhaKernels.cuh", "lines": [451, 451], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent", "builds": ["flashinfer-fb28d72"]},
-          {"file": "fmhaKernels.cuh", "lines": [475, 475], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent", "builds": ["flashinfer-python-0.7.2"],
-           "source": "flashinfer-python 0.7.2 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:475 (the launch)"},
-          {"file": "fmhaKernels.cuh", "lines": [478, 478], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent", "builds": ["flashinfer-python-0.7.2.post1"],
-           "source": "flashinfer-python 0.7.2.post1 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:478 (the launch)"},
+          {"library": "flashinfer", "file": "fmhaKernels.cuh", "message": "CUDA Error: CUDA_ERROR_\\w+",
+           "failure": "launch_error_silent",
+           "lines": {"flashinfer-fb28d72": [451, 451], "flashinfer-python-0.7.2": [475, 475],
+                     "flashinfer-python-0.7.2.post1": [478, 478]},
+           "source": "the launch's check in include/flashinfer/trtllm/fmha/fmhaKernels.cuh: fb28d72 :451, "
+                     "flashinfer-python 0.7.2 :475, 0.7.2.post1 :478"},
       ])
 def trtllm_gen_batch_grid(p: FlashInferPlan):
     """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most {{max_batch}} requests per call.
@@ -90,13 +88,13 @@ def _first_drop(a: np.ndarray) -> int | None:
       source="flashinfer fb28d72 include/flashinfer/attention/scheduler.cuh:1594-1600 (MLAPlan checks each qo "
              "length), include/flashinfer/exception.h:23 (FLASHINFER_ERROR throws), csrc/batch_mla_plan.cu:48-56",
       signatures=[
-          {"file": "scheduler.cuh", "lines": [1599, 1599], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
-           "failure": "python_exception", "builds": ["flashinfer-fb28d72"]},
-          {"file": "scheduler.cuh", "lines": [1634, 1634], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
-           "failure": "python_exception", "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
-           "source": "flashinfer-python 0.7.2 include/flashinfer/attention/scheduler.cuh:1634 (the module plan's check)"},
-          {"message": "Error in function 'MLAPlan'", "failure": "python_exception"},
-          {"message": "qo_indptr metadata must be nondecreasing", "failure": "python_exception",
+          {"library": "flashinfer", "function": "MLAPlan", "file": "scheduler.cuh",
+           "message": "qo_indptr\\[\\d+\\].*should be non-negative", "failure": "python_exception",
+           "lines": {"flashinfer-fb28d72": [1599, 1599], "flashinfer-python-0.7.2": [1634, 1634],
+                     "flashinfer-python-0.7.2.post1": [1634, 1634]},
+           "source": "MLAPlan's check of each query length in include/flashinfer/attention/scheduler.cuh: fb28d72 "
+                     ":1599, flashinfer-python 0.7.2 and 0.7.2.post1 :1634 (the module plan's check)"},
+          {"library": "flashinfer", "message": "qo_indptr metadata must be nondecreasing", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73 (the wrapper's check)"},
       ])
@@ -151,10 +149,10 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
              "(work is emitted only while the remaining length is > 0 or exactly 0); flashinfer-python 0.7.2 "
              "flashinfer/mla/_batch_mla/_planning.py:73, :130 (the wrapper refuses both in Python)",
       signatures=[
-          {"message": "kv_len_arr metadata must be nonnegative", "failure": "python_exception",
+          {"library": "flashinfer", "message": "kv_len_arr metadata must be nonnegative", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:130"},
-          {"message": "kv_indptr metadata must be nondecreasing", "failure": "python_exception",
+          {"library": "flashinfer", "message": "kv_indptr metadata must be nondecreasing", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73"},
       ])

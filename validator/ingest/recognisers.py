@@ -89,10 +89,19 @@ def site_kind(file: str) -> str | None:
     return None
 
 
-#: (part of a source path, the library it names); CUTLASS's CuTe headers sit in a directory ``cute``
+#: the kernel libraries whose own failures rules describe; an error one of them prints (or raises) is theirs
+KERNEL_LIBRARIES = ("flashmla", "flashinfer", "deepgemm", "fa3")
+#: (part of a source path, the library it names), tried in order. FlashAttention-3 is the ``hopper/`` tree of
+#: flash-attention, shipped by vLLM as ``vllm-flash-attn`` (``vllm/vllm_flash_attn`` once installed);
+#: CUTLASS's CuTe headers sit in a directory ``cute``
 _LIBRARIES = (("flashinfer", "flashinfer"), ("flashmla", "flashmla"), ("flash_mla", "flashmla"),
-              ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("cutlass", "cutlass"))
+              ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("vllm-flash-attn", "fa3"),
+              ("vllm_flash_attn", "fa3"), ("flash_attn_3", "fa3"), ("flash-attention/hopper", "fa3"),
+              ("flash_attn/hopper", "fa3"), ("hopper/flash_", "fa3"), ("flash_attn_interface", "fa3"),
+              ("cutlass", "cutlass"))
 _LIBRARY_DIRS = {"cute": "cutlass"}
+#: path parts of the engines' own code (a traceback frame there: the engine raised, not a kernel library)
+_ENGINES = (("/sglang/", "sglang"), ("sglang/srt/", "sglang"), ("/vllm/", "vllm"))
 
 
 def library_of(path: str) -> str | None:
@@ -102,6 +111,17 @@ def library_of(path: str) -> str | None:
     if found is None:
         found = next((_LIBRARY_DIRS[d] for d in low.split("/")[:-1] if d in _LIBRARY_DIRS), None)
     return found
+
+
+def frame_library(path: str) -> str | None:
+    """The library a Python traceback frame's file is in: a kernel library's package (checked first, so
+    vLLM's bundled ``vllm_flash_attn`` is FlashAttention-3), else the engine (``sglang``, ``vllm``); None
+    for other code (torch, the standard library)."""
+    low = "/" + path.lower().lstrip("/")
+    lib = library_of(low)
+    if lib in KERNEL_LIBRARIES:
+        return lib
+    return next((name for frag, name in _ENGINES if frag in low), None)
 
 
 # ---------------------------------------------------------------------------------- the rows
@@ -258,26 +278,34 @@ def _raised(line: str) -> bool:
 
 
 def _site_class(default: str) -> Callable[[re.Match, str], str]:
-    """The crash class the line's source file reports, else ``default``."""
-    return lambda m, line: site_kind(m.group("file")) or default
+    """The FlashMLA crash class the line's source file reports (a FlashMLA file), else ``default``."""
+    return lambda m, line: (site_kind(m.group("file")) if library_of(m.group("path")) in (None, "flashmla")
+                            else None) or default
 
 
 def _check_cuda_kind(m: re.Match, line: str) -> str:
-    return site_kind(m.group("file")) or (
+    lib = library_of(m.group("path"))
+    return (site_kind(m.group("file")) if lib in (None, "flashmla") else None) or (
         "illegal_memory_access" if _ILLEGAL.search(line[:SITE_SCAN_CHARS]) else "cuda_error")
+
+
+def _site_library(m: re.Match) -> str | None:
+    """``flashmla`` for a path that names no library but a FlashMLA source file (the format is shared:
+    FlashAttention-3 prints the same 'CUDA error (FILE:LINE)' and DeepGEMM the same 'Assertion error (')."""
+    return "flashmla" if library_of(m.group("path")) is None and site_kind(m.group("file")) else None
 
 
 def _check_cuda(m: re.Match, line: str) -> dict:
     text = m.group("msg").strip()
     failure = ("python_exception" if _raised(line) else
                "illegal_memory_access" if _ILLEGAL.search(text) else "process_exit")
-    return {"message": text, "failure": failure}
+    return {"message": text, "failure": failure, "library": _site_library(m)}
 
 
 def _flash_assert(m: re.Match, line: str) -> dict:
     text = m.group("msg").strip()
     cond = _INNER_ASSERT.search(text)
-    return {"condition": cond.group("c") if cond else text,
+    return {"condition": cond.group("c") if cond else text, "library": _site_library(m),
             "failure": "python_exception" if (m.group("how") == "error" or _raised(line)) else "process_exit"}
 
 
@@ -315,7 +343,7 @@ TMA_BLOCK = Block(TMA_FIELD, _tma_field, closer="cutlass_tma_init_failed", closi
 
 RECOGNISERS: tuple[Recogniser, ...] = (
     Recogniser(
-        "flashmla_check_cuda", "flashmla", "cuda_error",
+        "flashmla_check_cuda", None, "cuda_error",
         re.compile(r"CUDA error \((?P<path>(?:[^()/]*/)*(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc)))\s*:\s*(?P<line>\d+)\)"
                    r"\s*:?\s*(?P<msg>.*)"),
         ("CUDA error (",), _check_cuda, kind_of=_check_cuda_kind,
@@ -349,17 +377,17 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         window=SITE_SCAN_CHARS,
         source="FlashInfer's runtime-call check (include/flashinfer/utils.cuh, FLASHINFER_CUDA_CALL in debug builds)"),
     Recogniser(
-        "flashmla_assert", "flashmla", "host_assert",
+        "flashmla_assert", None, "host_assert",
         re.compile(r"Assertion (?P<how>failed|error) \(" + _SRC + r"\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)"),
         ("Assertion failed (", "Assertion error ("), _flash_assert, window=SITE_SCAN_CHARS,
         kind_of=_site_class("host_assert"),
         source="FlashMLA FLASH_ASSERT 'Assertion failed (FILE:LINE): COND', then exit(1) (9241ae3 csrc/utils.h:17-23); "
                "sgl-flash-mla's exception form 'Assertion error (FILE:LINE): Assertion `COND` failed (...)'"),
     Recogniser(
-        "kerutils_assert", "flashmla", "host_assert",
+        "kerutils_assert", None, "host_assert",
         re.compile(r"Assertion `(?P<cond>[^`]*)` failed \(" + _SRC + r":(?P<line>\d+)\)"),
         ("` failed (",),
-        lambda m, line: {"condition": m.group("cond"),
+        lambda m, line: {"condition": m.group("cond"), "library": _site_library(m),
                          "failure": "python_exception" if _raised(line) else "process_crash"},
         window=SITE_SCAN_CHARS, kind_of=_site_class("host_assert"),
         source="FlashMLA KU_ASSERT 'Assertion `COND` failed (FILE:LINE): ...', then it throws; measured on an H200 "
