@@ -87,6 +87,9 @@ def build_explanation(cands: list[Candidate], explained: Candidate | None, err: 
         verb = "explains" if len(explained.explains) == 1 else "explain"
         summary = (f"{', '.join(explained.explains)} {verb} the error on line {err.line_no}: the signature matches "
                    f"and the rule breaks on {explained.label}" + _other_version(sigs))
+        if explained.deduction:
+            summary += ("; this is a deduction from the error's numbers and the settings, not read from the log ("
+                        + "; ".join(a for a in explained.assumptions if a.startswith("assumption: index")) + ")")
     else:
         status = "not_explained"
         lib = LIBRARY_NAMES.get(str(err.owner or (recog or {}).get("library")), "")
@@ -96,6 +99,10 @@ def build_explanation(cands: list[Candidate], explained: Candidate | None, err: 
         if sig_rules:
             summary = (f"not explained: the error ({what}{where}) has the signature of {', '.join(sig_rules)}, but no "
                        "reconstructed step breaks it" + _other_version(sigs))
+        elif err.numbers.get("prose"):
+            summary = (f"not explained: line {err.line_no} only describes an error in prose "
+                       f"({str(err.numbers.get('report', ''))[:120]!r}): low-confidence evidence, matched by no rule's "
+                       "signature")
         elif err.numbers.get("cut_off"):
             summary = (f"not explained: the error line is cut off ({err.numbers.get('path_fragment', '')!r}); no rule's "
                        "signature can be confirmed" + (f" (the visible part fits {', '.join(maybe)})" if maybe else ""))

@@ -57,6 +57,11 @@ _LIMIT_FAILURE = {"host": "failure", "static": "static_failure", "launch": "laun
            "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
           {"library": "deepgemm", "file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-88965b0", "deepgemm-7f2a703"]},
+          {"library": "deepgemm", "message": "paged_mqa_logits_metadata\\w*' uses too much shared data",
+           "failure": "python_exception", "builds": ["deepgemm-7f2a703"], "require": {"memory": "shared"},
+           "source": "7f2a703 deep_gemm/include/deep_gemm/scheduler/paged_mqa_logits.cuh:28 (the metadata kernel's "
+                     "static __shared__ array): ptxas's 'Entry function ... uses too much shared data' in the output "
+                     "DeepGEMM prints before 'NVCC compilation failed' (csrc/jit/compiler.hpp:225-229)"},
       ])
 def mqa_metadata_smem(p: DeepGemmPlan):
     """DeepGEMM's paged MQA-logits metadata kernel keeps per-request arrays in shared memory.

@@ -35,10 +35,13 @@ KINDS: dict[str, tuple[int, str | None]] = {
     "flashmla_sparse_prefill": (10, "rows"),
     "tma_descriptor": (10, "rows"),
     "flashmla_combine": (9, "rows"),
+    "ptxas_error": (10, None),
+    "compile_error": (9, None),
     "flashinfer_plan": (9, None),
     "index_oob": (9, "slot"),
     "flashinfer_launch": (8, None),
     "device_assert": (8, None),
+    "tvm_check": (8, None),
     "host_assert": (7, None),
     "oom": (7, "rows"),
     "segfault": (6, None),
@@ -48,10 +51,15 @@ KINDS: dict[str, tuple[int, str | None]] = {
     "scheduler_exception": (2, None),
     "traceback": (1, None),
     "process_exit": (1, None),
+    "prose_report": (0, None),
 }
 
 SITE_SCAN_CHARS = 2000      # a line's first characters that the file-and-line formats read
 ILLEGAL_ACCESS_TEXT = "illegal memory access"   # the CUDA runtime's text for a lost context
+#: how the CUDA runtime and driver print it (cudaGetErrorString, the driver's error name); a line holding only
+#: the words ("we get an illegal memory access when ...") is a report in prose
+ILLEGAL_ACCESS_PRINTED = ("illegal memory access was encountered", "cudaErrorIllegalAddress",
+                          "CUDA_ERROR_ILLEGAL_ADDRESS")
 DEVICE_ASSERT_TEXT = "device-side assert"       # torch's text for a device-side assertion
 
 # crash class -> (part of a generation in rules/flashmla.json whose "error_site" names its source file)
@@ -272,6 +280,40 @@ TMA_FIELD = re.compile(r"^\s*(?P<key>format|dim|gmem_address|globalDim|globalStr
                        r"swizzle|l2Promotion|oobFill|tensorDataType|tensorRank)\s+(?P<value>\S.*?)\s*$")
 
 
+# ptxas's resource error: 'ptxas error   : Entry function 'K' uses too much shared data (0xN bytes, 0xM max)'
+_PTXAS = re.compile(r"ptxas (?:error|fatal)\s*:\s*(?P<msg>(?:Entry function '(?P<kernel>[^'\s]{1,2000})' uses too much "
+                    r"(?P<what>shared|local|param) data \((?P<bytes>0x[0-9a-fA-F]{1,16}|\d{1,20}) bytes, "
+                    r"(?P<max>0x[0-9a-fA-F]{1,16}|\d{1,20}) max\))?.*)")
+# TVM's (and TVM-FFI's, FlashInfer's binding layer) check text: 'InternalError: Check failed: (COND) is false: MSG'
+_TVM_CHECK = re.compile(r"(?P<exc>(?:tvm\.error\.|tvm_ffi\.)?\w*Error)?:?\s*Check failed: (?P<cond>\(.{0,2000}?\) is false|"
+                        r"[^:]{0,2000})(?::\s*(?P<msg>.*))?")
+
+
+def _number(text: str) -> int:
+    return int(text, 16) if text.lower().startswith("0x") else parse_int(text, "ptxas line")
+
+
+def _ptxas(m: re.Match, line: str) -> dict:
+    nums: dict = {"message": m.group("msg").strip()[:300]}
+    if m.group("kernel"):
+        nums.update(kernel=m.group("kernel")[:300], memory=m.group("what"), bytes=_number(m.group("bytes")),
+                    max_bytes=_number(m.group("max")))
+        if m.group("what") == "shared":
+            nums["note"] = "static shared memory (__shared__ arrays): the 48 KiB static limit, not the dynamic opt-in"
+    return nums
+
+
+def _tvm_check(m: re.Match, line: str) -> dict:
+    cond = m.group("cond").strip()
+    if cond.endswith(" is false") and cond.startswith("("):
+        cond = cond[1:-len(") is false")]
+    return {"exception": m.group("exc"), "condition": cond[:300], "message": (m.group("msg") or "").strip()[:300]}
+
+
+def _prose(m: re.Match, line: str) -> dict | None:
+    return {"prose": True, "confidence": "low", "report": line.strip()[:300]}
+
+
 def _raised(line: str) -> bool:
     """Whether the line is a Python exception's text (the library raised instead of exiting)."""
     return bool(_RAISED.search(line[:160]))
@@ -355,6 +397,24 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         failure="python_exception", window=SITE_SCAN_CHARS,
         source="DeepGEMM 'NAME error (FILE:LINE): MSG', raised as a RuntimeError (54e2261 csrc/utils/exception.hpp:12-73)"),
     Recogniser(
+        "ptxas_error", None, "ptxas_error", _PTXAS, ("ptxas error", "ptxas fatal"), _ptxas,
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="ptxas's error line, printed in the compiler output a JIT library shows before it raises (DeepGEMM "
+               "06a6ae2 csrc/jit/compiler.hpp, NVCCCompiler::compile: printf then DG_HOST_ASSERT)"),
+    Recogniser(
+        "deepgemm_nvcc_failed", "deepgemm", "compile_error",
+        re.compile(r"NVCC (?:PTX )?compilation failed:?\s*(?P<msg>.*)"), ("NVCC compilation failed", "NVCC PTX compilation"),
+        lambda m, line: {"message": m.group("msg").strip()[:300]} if "Assertion" not in line[:m.start() + 1] else None,
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="DeepGEMM's JIT compiler prints 'NVCC compilation failed: OUTPUT' then asserts (06a6ae2 "
+               "csrc/jit/compiler.hpp, NVCCCompiler::compile)"),
+    Recogniser(
+        "tvm_check_failed", "tvm-ffi", "tvm_check", _TVM_CHECK, ("Check failed",), _tvm_check,
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="TVM's check text 'InternalError: Check failed: (COND) is false: MSG' (tvm.error.InternalError), "
+               "raised through TVM-FFI, FlashInfer's binding layer from 0.4 (flashinfer PR #1960 bumps tvm-ffi): the "
+               "library that failed is the traceback's"),
+    Recogniser(
         "flashinfer_error", "flashinfer", "flashinfer_plan",
         re.compile(r"Error in function '(?P<func>[^']*)' at " + _SRC + r":(?P<line>\d+):?\s*(?P<msg>.*)"),
         ("Error in function '",), lambda m, line: {"function": m.group("func"), "message": m.group("msg").strip()},
@@ -434,7 +494,8 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         re.compile(re.escape(DEVICE_ASSERT_TEXT) + r"(?:ion)? triggered"), (DEVICE_ASSERT_TEXT,),
         failure="device_assert", source="torch's 'CUDA error: device-side assert triggered'"),
     Recogniser(
-        "cuda_illegal_memory_access", None, "illegal_memory_access", _ILLEGAL, (ILLEGAL_ACCESS_TEXT,),
+        "cuda_illegal_memory_access", None, "illegal_memory_access",
+        re.compile("|".join(re.escape(t) for t in ILLEGAL_ACCESS_PRINTED), re.I), ILLEGAL_ACCESS_PRINTED,
         failure="illegal_memory_access", source="the CUDA runtime's 'an illegal memory access was encountered'"),
     Recogniser(
         "torch_cuda_error", None, "cuda_error",
@@ -473,6 +534,10 @@ RECOGNISERS: tuple[Recogniser, ...] = (
                    r"(?:hit an exception|encountered a fatal error|failed)", re.I),
         ("hit an exception", "encountered a fatal error", "failed"),
         source="SGLang's and vLLM's lines for a scheduler or worker that raised"),
+    Recogniser(
+        "prose_illegal_access", None, "prose_report", _ILLEGAL, (ILLEGAL_ACCESS_TEXT,), _prose,
+        source="'illegal memory access' in a sentence, not in the runtime's printed form (an issue report's prose): "
+               "low-confidence evidence, matched by no signature"),
     Recogniser(
         "python_traceback", None, "traceback",
         re.compile(r"Traceback \(most recent call last\)"), ("Traceback (most recent call last)",),

@@ -170,7 +170,7 @@ class LogEvidence:
         got = None
         if e.failure not in STICKY or e.numbers.get("library") == "cutlass":
             got = self._frame_owner(e.line_no)
-        if got is None:
+        if got is None or got[0] not in KERNEL_LIBRARIES:     # an engine frame: a kernel library's line nearby wins
             for o in sorted(self.errors, key=lambda x: abs(x.line_no - e.line_no)):
                 lib = o.numbers.get("library")
                 if o is not e and lib in KERNEL_LIBRARIES and abs(o.line_no - e.line_no) <= NEIGHBOUR_SPAN:
