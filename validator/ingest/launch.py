@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
+from ..facts.knowledge import load
 from ..facts.limits import echo
 from ..facts.names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, check_server_arg, normalize_setting
 from .reprparse import Call, parse_call_at, scalar
@@ -61,7 +62,6 @@ def _bench_flag(key: str, bench: str | None) -> str:
     ``--random-input-len``), spelled out; any other key as it is."""
     if bench is None:
         return key
-    from ..facts.knowledge import load    # the table is only read for benchmark commands
     names = list(load("bisect")["bench_flags"].get(bench, {}))
     if key in names:
         return key
