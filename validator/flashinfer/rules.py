@@ -6,7 +6,9 @@ import numpy as np
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits
 from ..legality.registry import rule
-from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall
+from ..facts.knowledge import resolve_gpu
+from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall, version
+from .mla_schedule import mla_schedule
 
 
 def _subject(p: FlashInferPlan) -> str:
@@ -200,3 +202,74 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
             subject=f"{_subject(p)} request {j}", numbers={"request": j, "field": "kv_len", "value": int(c.kv_len[j])},
             fix="pass each request's KV length (>= 0)", failure=p.plan_facts["kv_failure"]))
     return out
+
+
+def mla_works_page() -> dict:
+    """The numbers FI004's page quotes: the work list's capacity (``rules/flashinfer.json``) and an H200 example."""
+    cap = version(None)["mla_plan"]["max_works"]
+    return {"max_works": cap, "example_batch": cap + 1, "sms": resolve_gpu("H200").num_sms}
+
+
+@rule("FI004", subject=PLAN_RULE_KIND, added=38, facts=("mla_plan.max_works",), page=mla_works_page,
+      title="FlashInfer MLA plan(): more work items than its fixed work list holds",
+      failure=Failure("silent_wrong", also=("python_exception", "illegal_memory_access"),
+                      message="FA MLA needs \\d+ work items",
+                      text="silent_wrong (or an illegal memory access) where MLAPlan copies the work items past its "
+                           "16384-entry arrays; python_exception on flashinfer-python 0.7.2's wrapper, which refuses "
+                           "the plan first ('FA MLA needs N work items ...; native capacity is 16384.')"),
+      source="flashinfer-ai/flashinfer 00b1eec include/flashinfer/attention/scheduler.cuh (MLAPlan: "
+             "max_total_num_works = 16384, per-work arrays of that size, copies without a check); flashinfer-python "
+             "0.7.2 flashinfer/mla/_batch_mla/_planning.py:84-148 (the wrapper's checks, rules/flashinfer.json "
+             "other_checks); the work count follows validator/flashinfer/mla_schedule.py (scheduler.cuh:1614-1872 "
+             "in 0.7.2)",
+      signatures=[
+          {"library": "flashinfer", "message": "FA MLA needs \\d+ work items", "failure": "python_exception",
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py (the wrapper's work-item check; "
+                     "rules/flashinfer.json other_checks)"},
+      ])
+def mla_plan_work_items(p: FlashInferPlan):
+    """MLA ``plan()``: at most {{max_works}} work items in one plan.
+
+    ## What it checks
+    ``MLAPlan`` cuts each request's packed query rows (``qo_len * h_q``) into tiles of 64 or 128
+    rows and each tile's keys into chunks; every chunk is one work item, kept in arrays of a fixed
+    {{max_works}} entries in the integer workspace. The count follows the plan's own algorithm
+    (``validate_batch.flashinfer.mla_schedule``) on the GPU's SM count ({{sms}} on an H200).
+
+    ## Why it crashes
+    ``MLAPlan`` copies the work items into its {{max_works}}-entry arrays without checking their
+    count: past it, each array runs into the next and the kernels read corrupted work lists (wrong
+    attention or an illegal memory access). flashinfer-python 0.7.2's wrapper refuses such a plan
+    first with ``ValueError: FA MLA needs N work items ...; native capacity is 16384.``; the JIT
+    module's ``plan`` (SGLang's CUDA-graph decode replays) does not.
+
+    ## Example
+    A decode plan of {{example_batch}} requests with one query token and a short KV each: one work
+    item per request, {{example_batch}} in all.
+
+    ## Fix
+    Plan fewer requests per call (split the batch), or cap the decode batch
+    (``--max-running-requests``) so that one plan stays within {{max_works}} work items.
+
+    ## Source
+    flashinfer-ai/flashinfer 00b1eec ``include/flashinfer/attention/scheduler.cuh`` (MLAPlan,
+    ``max_total_num_works``); flashinfer-python 0.7.2 ``flashinfer/mla/_batch_mla/_planning.py:84-148``.
+    """
+    c = p.call
+    if not isinstance(c, MlaPlanCall) or c.kv_len is None or c.batch == 0:
+        return None
+    if _first_drop(c.qo_indptr) is not None or int(c.kv_len.min()) < 0:
+        return None           # FI002 / FI003 say it; MLAPlan stops (or drops the request) before counting
+    cap = p.plan_facts.get("max_works", p.facts["mla_plan"]["max_works"])
+    # every tile gets at least one work item: a batch below the capacity in tiles cannot overrun it cheaply
+    works = mla_schedule(c.qo_indptr.tolist(), c.kv_indptr.tolist(), c.kv_len.tolist(), num_heads=c.h_q,
+                         num_sm=p.gpu.num_sms)["total_works"]
+    if works <= cap:
+        return None
+    return [mla_plan_work_items.rule.finding(
+        f"plan of {c.batch} request(s) has {works} work items on {p.gpu.name} ({p.gpu.num_sms} SMs); expected <= {cap} "
+        f"(MLAPlan's fixed work list), got {works}",
+        subject=_subject(p), numbers={"works": works, "max_works": cap, "batch": c.batch},
+        fix=f"split the plan: at most {cap} work items per call (fewer requests, or shorter KV per request)",
+        failure=p.plan_facts.get("works_failure", p.facts["mla_plan"]["works_failure"]))]
