@@ -301,3 +301,16 @@ def test_every_engine_spelling_check_accepts_runs_on_bisect():
             r = runner.invoke(app, ["bisect", str(LOGS / log), "--engine", spec, "--json"])
             assert r.exit_code in (0, 1), (spec, log, r.output[-400:])
     assert seen >= len(load("engines")["profiles"]) * 2
+
+
+def test_an_index_error_is_not_attributed_to_a_library_line_nearby():
+    # FlashInfer's launch check prints and carries on; a later IndexError in SGLang's code stays SGLang's
+    ev = scan_lines(["CUDA Error: CUDA_ERROR_INVALID_VALUE /x/flashinfer/trtllm/fmha/fmhaKernels.cuh 451",
+                     "Traceback (most recent call last):",
+                     '  File "/sgl-workspace/sglang/python/sglang/srt/mem_cache/memory_pool.py", line 10, in f',
+                     "IndexError: index 96 is out of bounds for dimension 0 with size 33"])
+    e = ev.root_error()
+    assert e.kind == "index_oob" and e.owner == "sglang" and "SLOT002" in matching_codes(e)
+    ev = scan_lines(["CUDA Error: CUDA_ERROR_INVALID_VALUE /x/flashinfer/trtllm/fmha/fmhaKernels.cuh 451",
+                     "IndexError: index 96 is out of bounds for dimension 0 with size 33"])
+    assert ev.root_error().owner is None

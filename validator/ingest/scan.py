@@ -52,6 +52,10 @@ MAX_FRAMES = 400                # traceback frames kept (with a library), for at
 TRACEBACK_SPAN = 400            # lines a Python traceback may span before its exception line
 FAULT_SPAN = 80                 # lines after a crash in which faulthandler's stack follows
 NEIGHBOUR_SPAN = 40             # lines within which another error's library attributes this one
+#: errors a tool prints inside a library's call (the compiler a JIT library runs): the library's own line nearby
+#: (DeepGEMM's 'NVCC compilation failed' and its assertion) says whose they are; other errors are never
+#: attributed by a neighbour
+NEIGHBOUR_KINDS = ("ptxas_error", "compile_error")
 #: failures caught at a later call than the one that caused them: the traceback does not name the culprit
 #: (torch: "CUDA kernel errors might be asynchronously reported at some other API call")
 STICKY = ("illegal_memory_access", "device_assert")
@@ -162,15 +166,15 @@ class LogEvidence:
     def attribute(self, e: ErrorEvent) -> None:
         """Set ``owner`` (the library whose failure the error reports) and ``owner_from`` on an error whose
         own text names no kernel library: the innermost frame with a library of the Python traceback that
-        ends at it, else the first of faulthandler's stack after it (a crash), else a kernel library's error
-        within a few lines (the compiler output DeepGEMM prints before its assertion). A sticky CUDA error
+        ends at it, else the first of faulthandler's stack after it (a crash); a compiler's line takes the
+        kernel library of an error within a few lines (the output DeepGEMM prints before its assertion). A sticky CUDA error
         is not attributed by its traceback (it surfaces at a later call)."""
         if "owner" in e.numbers or e.numbers.get("library") in KERNEL_LIBRARIES or e.numbers.get("prose"):
             return
         got = None
         if e.failure not in STICKY or e.numbers.get("library") == "cutlass":
             got = self._frame_owner(e.line_no)
-        if got is None or got[0] not in KERNEL_LIBRARIES:     # an engine frame: a kernel library's line nearby wins
+        if e.kind in NEIGHBOUR_KINDS and (got is None or got[0] not in KERNEL_LIBRARIES):
             for o in sorted(self.errors, key=lambda x: abs(x.line_no - e.line_no)):
                 lib = o.numbers.get("library")
                 if o is not e and lib in KERNEL_LIBRARIES and abs(o.line_no - e.line_no) <= NEIGHBOUR_SPAN:
