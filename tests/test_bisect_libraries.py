@@ -91,7 +91,7 @@ def test_other_version_fixtures_say_another_versions_line():
 
 def test_a_recorded_line_is_named_with_its_version():
     rc, d = bisect_json("sglang-flashinfer-trtllm-launch-error.log")
-    assert d["explanation"]["signatures"][0]["line"] == "line 451 is flashinfer-fb28d72's recorded line"
+    assert d["explanation"]["signatures"][0]["line"] == "line 451 is the recorded line of flashinfer-fb28d72"
 
 
 # ------------------------------------------------------------------ the library decides

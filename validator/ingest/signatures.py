@@ -115,7 +115,7 @@ def corroboration(sig: Signature, err: ErrorEvent) -> str:
     fits = sig.fits(ln)
     if fits:
         named = [b for b in fits if b is not None]
-        return (f"line {ln} is {', '.join(named)}'s recorded line" if named
+        return (f"line {ln} is the recorded line of {', '.join(named)}" if named
                 else f"line {ln} is the recorded line")
     rec = ", ".join(f"{b} {_span(lo, hi)}" if b else _span(lo, hi) for b, lo, hi in sig.ranges)
     return (f"matches {sig.code}'s message at another version's line: {err.file}:{ln} (recorded: {rec}); the "
