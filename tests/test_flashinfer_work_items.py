@@ -55,3 +55,13 @@ def test_the_wrappers_message_is_fi004s_signature():
     e = ErrorEvent(got[0], 1, line, numbers=got[1])
     assert matching_codes(e) == ["FI004"]
     assert matching_codes(e, "flashinfer-fb28d72") == []      # fb28d72's wrapper has no such check
+
+
+def test_a_small_plan_is_judged_without_the_schedule(monkeypatch):
+    import validate_batch.flashinfer.rules as fr
+
+    def boom(*a, **k):
+        raise AssertionError("the schedule is not needed below the bound")
+    monkeypatch.setattr(fr, "mla_schedule", boom)
+    # 128 requests of one token at h_q 128: at most 128 x 2 tiles + 132 clusters work items, far below 16384
+    assert "FI004" not in validate_batch.check(decode_plan(128, 128)).codes

@@ -262,7 +262,11 @@ def mla_plan_work_items(p: FlashInferPlan):
     if _first_drop(c.qo_indptr) is not None or int(c.kv_len.min()) < 0:
         return None           # FI002 / FI003 say it; MLAPlan stops (or drops the request) before counting
     cap = p.plan_facts.get("max_works", p.facts["mla_plan"]["max_works"])
-    # every tile gets at least one work item: a batch below the capacity in tiles cannot overrun it cheaply
+    # A bound first (cheap, exact as a bound): a tile's keys go in chunks of at most L keys, L >= total keys /
+    # clusters, so the work items are at most tiles + clusters; tiles are at most sum(ceil(qo_len * h_q / 64)).
+    tiles = int(((np.diff(c.qo_indptr) * c.h_q + 63) // 64).sum())
+    if tiles + p.gpu.num_sms <= cap:
+        return None
     works = mla_schedule(c.qo_indptr.tolist(), c.kv_indptr.tolist(), c.kv_len.tolist(), num_heads=c.h_q,
                          num_sm=p.gpu.num_sms)["total_works"]
     if works <= cap:
