@@ -314,3 +314,13 @@ def test_an_index_error_is_not_attributed_to_a_library_line_nearby():
     ev = scan_lines(["CUDA Error: CUDA_ERROR_INVALID_VALUE /x/flashinfer/trtllm/fmha/fmhaKernels.cuh 451",
                      "IndexError: index 96 is out of bounds for dimension 0 with size 33"])
     assert ev.root_error().owner is None
+
+
+@pytest.mark.parametrize("line,owner", [
+    ("flashinfer.jit.core.CompilationError: ninja build of batch_mla_sm90 failed", "flashinfer"),
+    ("deep_gemm.jit.JITError: Assertion failed while compiling", "deepgemm"),
+    ("torch.AcceleratorError: CUDA error: an illegal memory access was encountered", None),
+])
+def test_an_exceptions_module_names_its_library(line, owner):
+    e = scan_lines([line]).root_error()
+    assert e is not None and e.owner == owner

@@ -105,7 +105,7 @@ KERNEL_LIBRARIES = ("flashmla", "flashinfer", "deepgemm", "fa3")
 _LIBRARIES = (("flashinfer", "flashinfer"), ("flashmla", "flashmla"), ("flash_mla", "flashmla"),
               ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("vllm-flash-attn", "fa3"),
               ("vllm_flash_attn", "fa3"), ("flash_attn_3", "fa3"), ("flash-attention/hopper", "fa3"),
-              ("flash_attn/hopper", "fa3"), ("hopper/flash_", "fa3"), ("flash_attn_interface", "fa3"),
+              ("flash_attn/hopper", "fa3"), ("hopper/flash_", "fa3"),
               ("cutlass", "cutlass"))
 _LIBRARY_DIRS = {"cute": "cutlass"}
 #: path parts of the engines' own code (a traceback frame there: the engine raised, not a kernel library)
@@ -522,6 +522,16 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         ("ssert", "TORCH_CHECK", "rror"), lambda m, line: {"condition": m.group("cond")},
         failure="process_crash", unless=("device-side",),
         source="assertion and TORCH_CHECK texts without a source site"),
+    Recogniser(
+        "library_exception", None, "python_error",
+        re.compile(r"(?P<mod>(?:flashinfer|deep_gemm|flash_mla|vllm_flash_attn|flash_attn_interface|flash_attn)"
+                   r"(?:\.\w+){0,8})\.(?P<exc>\w{0,80}(?:Error|Exception)):\s*(?P<msg>.*)"),
+        ("flashinfer.", "deep_gemm.", "flash_mla.", "vllm_flash_attn.", "flash_attn"),
+        lambda m, line: {"exception": f"{m.group('mod')}.{m.group('exc')}", "message": m.group("msg").strip()[:300],
+                         "library": library_of(m.group("mod").replace(".", "/") + "/")},
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="a kernel library's own Python exception, named with its module ('flashinfer.jit.core.CompilationError: "
+               "MSG'): the module names the library"),
     Recogniser(
         "python_exception", None, "python_error",
         re.compile(r"\b(?P<exc>RuntimeError|IndexError|AssertionError|ValueError|KeyError|TypeError|torch\.AcceleratorError|"

@@ -61,6 +61,18 @@ NEIGHBOUR_KINDS = ("ptxas_error", "compile_error")
 STICKY = ("illegal_memory_access", "device_assert")
 
 
+_EXC_MODULE = re.compile(r"(?:^|\s)(?P<mod>[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+)\.\w*(?:Error|Exception)\b")
+
+
+def _module_owner(e: ErrorEvent) -> tuple[str, str] | None:
+    """The kernel library an exception's module names (``flashinfer.jit.core.CompilationError: ...``), or None."""
+    m = _EXC_MODULE.search(e.text[:200])
+    if m is None:
+        return None
+    lib = frame_library(m.group("mod").replace(".", "/") + "/")
+    return (lib, f"the exception's module {m.group('mod')}") if lib in KERNEL_LIBRARIES else None
+
+
 @dataclass
 class RankTimeline:
     """What one DP rank scheduled: the last ``window`` steps, counters, and the largest prefill."""
@@ -171,8 +183,8 @@ class LogEvidence:
         is not attributed by its traceback (it surfaces at a later call)."""
         if "owner" in e.numbers or e.numbers.get("library") in KERNEL_LIBRARIES or e.numbers.get("prose"):
             return
-        got = None
-        if e.failure not in STICKY or e.numbers.get("library") == "cutlass":
+        got = _module_owner(e)
+        if got is None and (e.failure not in STICKY or e.numbers.get("library") == "cutlass"):
             got = self._frame_owner(e.line_no)
         if e.kind in NEIGHBOUR_KINDS and (got is None or got[0] not in KERNEL_LIBRARIES):
             for o in sorted(self.errors, key=lambda x: abs(x.line_no - e.line_no)):
