@@ -324,3 +324,16 @@ def test_an_index_error_is_not_attributed_to_a_library_line_nearby():
 def test_an_exceptions_module_names_its_library(line, owner):
     e = scan_lines([line]).root_error()
     assert e is not None and e.owner == owner
+
+
+@pytest.mark.parametrize("line", [
+    "a" * 200000 + " Check failed: (x) is false",
+    "ptxas error   : Entry function '" + "x" * 200000,
+    "flashinfer." + "a." * 100000 + "Error: x",
+    "We saw an illegal memory access " + "again " * 40000,
+])
+def test_long_hostile_lines_of_the_new_formats_are_read_in_bounded_time(line):
+    import time
+    t = time.perf_counter()
+    classify_error(line)
+    assert time.perf_counter() - t < 1.0
