@@ -60,6 +60,26 @@ TRUTH = {
     # FMLA017's signature (1408756's combine grid) matches mla_combine.cu:201; no step is in a vLLM log
     # without its scheduler dump, so the status stays not_explained.
     "vllm-mla-combine-grid.log": (set(), "not_explained"),
+    # The same FlashInfer errors printed by a version whose lines the data does not record: they match FI002 and
+    # FI001 by library, function / file and message ("another version's line"); 70000 running requests on one
+    # trtllm-gen decode call exceed gridDim.z's 2**16 - 1 = 65535.
+    "sglang-flashinfer-plan-other-version.log": (set(), "not_explained"),
+    "sglang-flashinfer-trtllm-launch-other-version.log": ({"FI001"}, "explained"),
+    # Errors of other libraries than FlashMLA: FlashAttention-3's combine launch and TMA descriptor dumps (no 0
+    # extent), FlashInfer's TMA descriptor dump and its TVM-FFI check, DeepGEMM's JIT compile (ptxas over the
+    # 48 KiB = 0xc000 static shared-memory limit). No step in these logs breaks a rule of that library.
+    "vllm-fa3-combine-launch-error.log": (set(), "not_explained"),
+    "vllm-fa3-tma-descriptor-dump.log": (set(), "not_explained"),
+    "sglang-flashinfer-tma-descriptor-dump.log": (set(), "not_explained"),
+    "sglang-flashinfer-tvm-check-failed.log": (set(), "not_explained"),
+    "sglang-deepgemm-ptxas-static-smem.log": (set(), "not_explained"),
+    # An issue's prose ("dies ... with an illegal memory access") is no error line: nothing explains it.
+    "sglang-prose-illegal-access.log": (set(), "not_explained"),
+    # bench_one_batch --batch-size 1 --input-len 65536: one unchunked extend of 65536 rows > 11622.
+    "sglang-bench-one-batch-65536.log": ({"FMLA001", "SGL001"}, "explained"),
+    # index 32 in a buffer of 32 rows under --dp-size 2 --max-running-requests 64: 32 = 64 / 2 rows per rank,
+    # indexed by DP1's first global slot 1 x 32 = 32 (a deduction: the error does not say the slot is global).
+    "sglang-pd-decode-dp-slot-32.log": ({"SLOT004"}, "explained"),
 }
 
 

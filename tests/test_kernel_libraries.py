@@ -110,7 +110,7 @@ def test_fi004_the_work_list_capacity_at_its_edge(version, entry, n):
         assert k["outcome"] == "ok" and k["payload"]["unwritten_requests"] == [] and r.legal
         assert k["payload"]["arrays"]["work_indptr"][-1] == n
         return
-    assert r.codes == ["FI004"] and r.errors[0].numbers["work_items"] == n
+    assert r.codes == ["FI004"] and r.errors[0].numbers["works"] == n
     if entry == "wrapper":
         assert k["outcome"] == "python_exception" and f"needs at least {n} work items" in k["message"]
         assert r.errors[0].failure.kind == "python_exception"

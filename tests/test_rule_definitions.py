@@ -154,7 +154,7 @@ def new_rule():
           failure=Failure("process_exit", "the test kernel prints its error and exits", site="tst_rows_kernel.cu:12",
                           message="too many rows"),
           source="this test",
-          signatures=[{"file": "tst_rows_kernel.cu", "lines": [12, 12], "message": "too many rows",
+          signatures=[{"library": "tst", "file": "tst_rows_kernel.cu", "lines": [12, 12], "message": "too many rows",
                        "failure": "process_exit", "source": "this test"}],
           page=lambda: {"limit": 5000})
     def rows_5000(bp):
@@ -193,7 +193,7 @@ def test_a_rule_defined_once_reaches_explain_rules_the_catalog_and_bisect(new_ru
     assert "TST950" in runner.invoke(app, ["rules"], env={"COLUMNS": "300"}).stdout
     entry = next(e for e in json.loads(runner.invoke(app, ["rules", "--json"]).stdout) if e["code"] == "TST950")
     assert entry["family"] == "TST" and entry["failure_class"]["site"] == "tst_rows_kernel.cu:12"
-    assert entry["signatures"] == [{"failure": "process_exit", "file": "tst_rows_kernel.cu", "lines": [12, 12],
+    assert entry["signatures"] == [{"library": "tst", "failure": "process_exit", "file": "tst_rows_kernel.cu", "lines": [12, 12],
                                     "message": "too many rows", "source": "this test"}]
     test_every_page_has_the_sections_in_order_and_no_placeholder_left("TST950")
     log = tmp_path / "server.log"

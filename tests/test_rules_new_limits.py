@@ -521,6 +521,10 @@ def test_sglang_replaces_the_planner_above_its_threshold():
 NEW = ("FMLA017", "FMLA018", "FMLA019", "FMLA020", "CG001", "CG002", "FI001", "FI002", "FI003", "DG001")
 
 
+# the library each family's signatures name: the kernel library the rule models (CG002's combine.cu is FlashMLA's)
+FAMILY_LIBRARY = {"FM": "flashmla", "CG": "flashmla", "FI": "flashinfer", "DG": "deepgemm"}
+
+
 def test_new_rules_have_pages_sources_and_signatures():
     known_builds = set(build_names()) | set(load("deepgemm")["versions"]) | set(load("flashinfer")["versions"])
     by_code = {r.code: r for r in all_rules()}
@@ -531,13 +535,14 @@ def test_new_rules_have_pages_sources_and_signatures():
         assert r.source and r.failure
         assert re.search(r"\.(cu|cuh|hpp|h|py):\d+", r.source) or code == "CG001", code
         for sig in (s.to_definition() for s in r.signatures):
-            assert sig.keys() <= {"file", "lines", "message", "failure", "builds", "source", "note"}
-            assert "failure" in sig and ("file" in sig or "message" in sig)
-            if "message" in sig:
-                re.compile(sig["message"])
+            assert sig.keys() <= {"library", "file", "function", "lines", "message", "failure", "builds", "require",
+                                  "source", "note"}
+            assert "failure" in sig and "message" in sig and sig["library"] == FAMILY_LIBRARY[code[:2]], sig
+            re.compile(sig["message"])
             if "lines" in sig:
-                lo, hi = sig["lines"]
-                assert 0 < lo <= hi
+                ranges = sig["lines"].items() if isinstance(sig["lines"], dict) else [(None, sig["lines"])]
+                for build, (lo, hi) in ranges:
+                    assert 0 < lo <= hi and (build is None or build in known_builds), sig
             assert set(sig.get("builds", ())) <= known_builds, sig
 
 

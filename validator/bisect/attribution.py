@@ -9,16 +9,29 @@ from ..ingest.crash_lines import ErrorEvent
 from ..ingest.launch import EngineConfig
 from ..ingest.scan import RankTimeline
 from ..ingest.sglang_log import Step
-from ..ingest.signatures import matching, possible, why_not
+from ..ingest.signatures import corroboration, matching, possible, why_not
 from .results import Candidate, Explanation
 
-LIBRARY_NAMES = {"flashinfer": "FlashInfer", "flashmla": "FlashMLA", "deepgemm": "DeepGEMM", "cutlass": "CUTLASS"}
+LIBRARY_NAMES = {"flashinfer": "FlashInfer", "flashmla": "FlashMLA", "deepgemm": "DeepGEMM", "cutlass": "CUTLASS",
+                 "fa3": "FlashAttention-3", "sglang": "SGLang", "vllm": "vLLM", "tvm-ffi": "TVM-FFI"}
 
 
 def error_targets(err: ErrorEvent | None, build: str | None) -> tuple[set[str], list[dict]]:
-    """The rule codes whose signature matches the error line, and those signatures."""
+    """The rule codes whose signature matches the error line, and those signatures, each with what the
+    printed source line says about it (the version it fits, or another version's line)."""
     sigs = matching(err, build)
-    return {s.code for s in sigs}, [s.to_dict() for s in sigs]
+    ln = err.source_line if err is not None else None
+    if ln is not None:      # of a rule's matching signatures, those whose recorded line the error shows
+        fitting = {s.code for s in sigs if s.fits(ln)}
+        sigs = [s for s in sigs if s.code not in fitting or s.fits(ln) or not s.ranges]
+    return {s.code for s in sigs}, [{**s.to_dict(), "line": corroboration(s, err)} for s in sigs if err is not None]
+
+
+def _other_version(sigs: list[dict]) -> str:
+    """'; matches FI002's message at another version's line ...' when a matched signature's line is no
+    recorded version's, else ''."""
+    notes = list(dict.fromkeys(s["line"] for s in sigs if str(s.get("line", "")).startswith("matches ")))
+    return ("; " + "; ".join(notes)) if notes else ""
 
 
 def completed_reason(tl: RankTimeline, step: Step, cut: int | None, cfg: EngineConfig) -> str | None:
@@ -73,16 +86,23 @@ def build_explanation(cands: list[Candidate], explained: Candidate | None, err: 
         status = "explained"
         verb = "explains" if len(explained.explains) == 1 else "explain"
         summary = (f"{', '.join(explained.explains)} {verb} the error on line {err.line_no}: the signature matches "
-                   f"and the rule breaks on {explained.label}")
+                   f"and the rule breaks on {explained.label}" + _other_version(sigs))
+        if explained.deduction:
+            summary += ("; this is a deduction from the error's numbers and the settings, not read from the log ("
+                        + "; ".join(a for a in explained.assumptions if a.startswith("assumption: index")) + ")")
     else:
         status = "not_explained"
-        lib = LIBRARY_NAMES.get(str((recog or {}).get("library")), "")
+        lib = LIBRARY_NAMES.get(str(err.owner or (recog or {}).get("library")), "")
         what = f"{lib} {err.kind}".strip() if lib else err.kind
         where = f" at {err.file}:{err.source_line}" if err.file and err.source_line is not None else (
             f" in {err.file}" if err.file else "")
         if sig_rules:
             summary = (f"not explained: the error ({what}{where}) has the signature of {', '.join(sig_rules)}, but no "
-                       "reconstructed step breaks it")
+                       "reconstructed step breaks it" + _other_version(sigs))
+        elif err.numbers.get("prose"):
+            summary = (f"not explained: line {err.line_no} only describes an error in prose "
+                       f"({str(err.numbers.get('report', ''))[:120]!r}): low-confidence evidence, matched by no rule's "
+                       "signature")
         elif err.numbers.get("cut_off"):
             summary = (f"not explained: the error line is cut off ({err.numbers.get('path_fragment', '')!r}); no rule's "
                        "signature can be confirmed" + (f" (the visible part fits {', '.join(maybe)})" if maybe else ""))

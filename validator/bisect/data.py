@@ -17,6 +17,11 @@ def entry_point_releases(entry_point: str | None) -> list[str]:
     return list(load("bisect")["entry_point_release"].get(entry_point or "", []))
 
 
+def bench_defaults(entry_point: str) -> dict:
+    """A benchmark entry point's own flags and their defaults (``rules/bisect.json`` ``bench_flags``)."""
+    return dict(load("bisect")["bench_flags"][entry_point])
+
+
 def default_max_prefill_tokens() -> int:
     """SGLang's default ``--max-prefill-tokens``."""
     return int(load("bisect")["default_max_prefill_tokens"])

@@ -14,12 +14,13 @@ from .boundary import BisectChecker
 from .builder import Builder
 from .consistency import budget_check, cross_check, survival_check
 from .candidates import add_headroom, evaluate
-from .attribution import build_explanation, completed_reason, error_targets
+from .attribution import LIBRARY_NAMES, build_explanation, completed_reason, error_targets
 from .fixes import propose_fixes
 from .kernel import kernel_hook
 from .engine_choice import backend_profile, choose_profile, split_pinned, versions_known, versions_to_try
 from .results import Candidate, Diagnosis
 from .vllm import diagnose_vllm, diagnose_vllm_without_dump, engine_of, vllm_profile_note
+from .deduction import deduced_candidates
 from .without_steps import candidates_without_steps
 
 
@@ -131,6 +132,15 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
     for c in cands:
         evaluate(c, checker, targets)
     explained = _pick(cands, err)
+    if explained is None and err is not None and err.kind == "index_oob" and "slots" in provided_by(profile):
+        rank = err.rank if evidence is not None and err.rank in evidence.ranks else (
+            next(iter(_ranks_to_check(evidence, err, opts.rank)), "DP0") if evidence is not None and evidence.ranks
+            else "DP0")
+        d_step = evidence.ranks[rank].last("decode", err.line_no) if evidence is not None and rank in evidence.ranks else None
+        for c in deduced_candidates(b, err, rank, d_step, notes):
+            evaluate(c, checker, targets)
+            cands.append(c)
+        explained = _pick(cands, err)
     if explained is None:
         for c in [c for c in cands if not c.completed][:3]:
             add_headroom(c, checker, targets)
@@ -143,11 +153,16 @@ def diagnose(evidence: LogEvidence | None, cfg: EngineConfig, dump: CrashDump | 
         notes.append("no candidate step breaks a rule the model knows: the crash is not explained by the "
                      "checker (the settings may be incomplete - pass --launch / --server-arg - or the cause is "
                      "outside the modelled limits)")
-    lib = err.numbers.get("library") if err is not None else None
-    if lib and lib not in ("flashmla", "cutlass") and explained is None and not any(
+    lib = (err.owner or err.numbers.get("library")) if err is not None else None
+    if lib and lib not in ("flashmla", "cutlass", "sglang", "vllm") and explained is None and not any(
             k.startswith(lib) for p in profile for k in get_profile(p).call_kinds):
-        notes.append(f"the error comes from {lib}, not from FlashMLA: profile {', '.join(profile)} models FlashMLA "
-                     f"calls, so its rules explain it only when a rule declares this error's signature")
+        src = f" ({err.numbers['owner_from']})" if err.numbers.get("owner_from") else ""
+        notes.append(f"the error comes from {LIBRARY_NAMES.get(lib, lib)}{src}, not from FlashMLA: profile "
+                     f"{', '.join(profile)} models FlashMLA calls, so only a rule whose signature names "
+                     f"{LIBRARY_NAMES.get(lib, lib)} can explain it")
+    if err is not None and err.numbers.get("prose"):
+        notes.append(f"line {err.line_no} describes an error in words, not as the engine printed it: low-confidence "
+                     "evidence, matched by no rule's signature; paste the error line itself (with its traceback)")
     backend = cfg.get("attention_backend")
     if (isinstance(backend, str) and backend and "flashmla" not in backend.lower() and "dsv4" not in backend.lower()
             and backend_profile(cfg) not in profile):

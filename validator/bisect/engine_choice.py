@@ -49,7 +49,7 @@ def choose_profile(cfg: EngineConfig, err: ErrorEvent | None, override: list[str
         return prof, f"model {cfg.get('model_path')!r} is DeepSeek-V4"
     if err is not None and err.kind == "flashmla_sched":
         return ["sglang-dsv4"], "the error is FlashMLA's scheduler failing (one query row per token, as in DSv4)"
-    if err is not None and err.kind in ("flashmla_sparse_prefill", "tma_descriptor"):
+    if err is not None and err.kind in ("flashmla_sparse_prefill", "tma_descriptor") and err.owner in (None, "flashmla"):
         return ["sglang-dsv4"], f"the error ({err.kind}) comes from a sparse prefill kernel's TMA descriptor, not from a slot"
     by_backend = backend_profile(cfg)
     if by_backend is not None:

@@ -68,6 +68,7 @@ class Candidate:
     check_error: str | None = None
     version_notes: list[str] = field(default_factory=list)
     judged_as: list = field(default_factory=list)   # per profile: the release and build the verdict was judged as, and why
+    deduction: str | None = None        # what the step's batch deduces from the error's numbers (not in the evidence)
 
     @property
     def value(self) -> int:
@@ -99,6 +100,8 @@ class Candidate:
             d["version_notes"] = self.version_notes
         if self.judged_as:
             d["judged_as"] = self.judged_as
+        if self.deduction:
+            d["deduction"] = self.deduction
         return d
 
 

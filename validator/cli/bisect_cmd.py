@@ -128,6 +128,10 @@ def _recognised_text(err) -> str:
     parts = [err.kind]
     if r.get("library"):
         parts.append(f"from {r['library']}")
+    if r.get("owner") and r.get("owner") != r.get("library"):
+        parts.append(f"attributed to {r['owner']} ({r.get('owner_from', 'its context')})")
+    if r.get("prose"):
+        parts.append("a report in prose (low confidence)")
     if err.file:
         parts.append(f"at {err.file}" + (f":{err.source_line}" if err.source_line is not None else " (line cut off)"))
     elif r.get("cut_off"):
@@ -183,6 +187,8 @@ def render_diagnosis(diag, console) -> None:
         p(f"  recognised: {_recognised_text(err)}")
         if xp is not None and xp.signature_rules:
             p(f"  signature of: {', '.join(xp.signature_rules)}")
+            for line in dict.fromkeys(str(s.get("line", "")) for s in xp.signatures if s.get("line")):
+                p(f"    {line}")
         elif xp is not None and xp.possible:
             p(f"  cut off: the visible part fits {', '.join(xp.possible)} (not confirmed)")
         else:

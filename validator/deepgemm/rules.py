@@ -51,12 +51,17 @@ _LIMIT_FAILURE = {"host": "failure", "static": "static_failure", "launch": "laun
              "csrc/jit/compiler.hpp:225-229 (the JIT compile's failure), csrc/jit/handle.hpp:175-187 (the launch); "
              "SGLang 0.5.23 srt/layers/attention/dsv4/metadata.py:66, :212-218 (replacement planner)",
       signatures=[
-          {"file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
+          {"library": "deepgemm", "file": "sm90_fp8_mqa_logits.hpp", "message": "smem_size <= SM90ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
-          {"file": "sm100_mqa_logits.hpp", "message": "smem_size <= SM100ArchSpec::smem_capacity",
+          {"library": "deepgemm", "file": "sm100_mqa_logits.hpp", "message": "smem_size <= SM100ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-54e2261"]},
-          {"file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
+          {"library": "deepgemm", "file": "smxx_fp8_fp4_paged_mqa_logits.hpp", "message": "smem_size <= SM(90|100)ArchSpec::smem_capacity",
            "failure": "python_exception", "builds": ["deepgemm-88965b0", "deepgemm-7f2a703"]},
+          {"library": "deepgemm", "message": "paged_mqa_logits_metadata\\w*' uses too much shared data",
+           "failure": "python_exception", "builds": ["deepgemm-7f2a703"], "require": {"memory": "shared"},
+           "source": "7f2a703 deep_gemm/include/deep_gemm/scheduler/paged_mqa_logits.cuh:28 (the metadata kernel's "
+                     "static __shared__ array): ptxas's 'Entry function ... uses too much shared data' in the output "
+                     "DeepGEMM prints before 'NVCC compilation failed' (csrc/jit/compiler.hpp:225-229)"},
       ])
 def mqa_metadata_smem(p: DeepGemmPlan):
     """DeepGEMM's paged MQA-logits metadata kernel keeps per-request arrays in shared memory.

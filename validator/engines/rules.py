@@ -390,11 +390,11 @@ def kv_layout_gpu(bp):
                            "illegal memory access or device-side assert on GPU"),
       source="SGLang ReqToTokenPool / DecodeReqToTokenPool (rows = size + pre_alloc_size + 1)",
       signatures=[
-          {"message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
+          {"library": "sglang", "message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
            "source": "PyTorch's CPU index check (sglang-facts.md B)"},
-          {"file": "IndexKernel.cu", "message": "index out of bounds", "failure": "device_assert",
+          {"library": "sglang", "file": "IndexKernel.cu", "message": "index out of bounds", "failure": "device_assert",
            "source": "PyTorch's CUDA index kernel assertion (aten/src/ATen/native/cuda/IndexKernel.cu)"},
-          {"message": "device-side assert triggered", "failure": "device_assert",
+          {"library": "sglang", "message": "device-side assert triggered", "failure": "device_assert",
            "source": "the CUDA error PyTorch raises after a device-side assertion"},
       ])
 def slot_in_table(bp):
@@ -448,10 +448,10 @@ def slot_in_table(bp):
       source="SGLang DSATokenToKVPool compression tails sized max_running_requests + 1 (plain DSA builder) vs table "
              "rows + 1 (hybrid builder and the fix)",
       signatures=[
-          {"message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
+          {"library": "sglang", "message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
            "source": "PyTorch's CPU index check; sglang-facts.md B ('index 96 is out of bounds for dimension 0 with "
                      "size 33')"},
-          {"message": "illegal memory access", "failure": "illegal_memory_access",
+          {"library": "sglang", "message": "illegal memory access", "failure": "illegal_memory_access",
            "source": "the unchecked Triton write corrupts memory and a later kernel reports an illegal memory access "
                      "(sglang-facts.md B)"},
       ])
@@ -516,7 +516,7 @@ def slot_in_buffers(bp):
                       message="tail_k\\.shape\\[1\\]"),
       source="SGLang DSA compression tails (tail_extra_slots = speculative draft tokens)",
       signatures=[
-          {"message": "tail_k\\.shape\\[1\\]", "failure": "python_exception",
+          {"library": "sglang", "message": "tail_k\\.shape\\[1\\]", "failure": "python_exception",
            "source": "the DSA backend's assertion on the compression tail width (sglang-facts.md B)"},
       ])
 def tail_width(bp):
@@ -561,9 +561,9 @@ def tail_width(bp):
       source="SGLang mamba slot mapping sized per DP rank while slots are global (--max-running-requests 64 "
              "--dp-size 2)",
       signatures=[
-          {"message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
+          {"library": "sglang", "message": "index \\d+ is out of bounds for dimension 0 with size \\d+", "failure": "python_exception",
            "source": "PyTorch's CPU index check (sglang-facts.md B, mamba slot mapping)"},
-          {"message": "illegal memory access", "failure": "illegal_memory_access",
+          {"library": "sglang", "message": "illegal memory access", "failure": "illegal_memory_access",
            "source": "the same index on the GPU (sglang-facts.md B)"},
       ])
 def per_dp_buffer_global_slot(bp):
@@ -677,8 +677,8 @@ def graph_rows(bp):
              "after, for every row of the grid); 1408756 csrc/smxx/mla_combine.cu:24-25; the split-KV kernels read "
              "tile_scheduler_metadata per partition (9241ae3 csrc/sm90/decode/dense/splitkv_mla.cuh:1020-1021)",
       signatures=[
-          {"file": "combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access"},
-          {"file": "mla_combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access"},
+          {"library": "flashmla", "file": "combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access"},
+          {"library": "flashmla", "file": "mla_combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access"},
       ])
 def graph_metadata_rows(bp):
     """The FlashMLA metadata of a replayed graph must be computed for every row the graph runs.

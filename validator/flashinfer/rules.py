@@ -6,7 +6,9 @@ import numpy as np
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits
 from ..legality.registry import rule
-from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall
+from ..facts.knowledge import resolve_gpu
+from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall, version
+from .mla_schedule import mla_schedule
 
 
 def _subject(p: FlashInferPlan) -> str:
@@ -28,14 +30,12 @@ def grid_batch_page() -> dict:
              "batch size), :476, :451 (launch); include/flashinfer/trtllm/common.h:44-54 (cuErrCheck prints and "
              "continues); csrc/trtllm_fmha_kernel_launcher.cu:164 (mBatchSize = batch size)",
       signatures=[
-          {"file": "fmhaKernels.cuh", "lines": [451, 451], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent", "builds": ["flashinfer-fb28d72"]},
-          {"file": "fmhaKernels.cuh", "lines": [475, 475], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent", "builds": ["flashinfer-python-0.7.2"],
-           "source": "flashinfer-python 0.7.2 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:475 (the launch)"},
-          {"file": "fmhaKernels.cuh", "lines": [478, 478], "message": "CUDA Error: CUDA_ERROR_\\w+",
-           "failure": "launch_error_silent", "builds": ["flashinfer-python-0.7.2.post1"],
-           "source": "flashinfer-python 0.7.2.post1 include/flashinfer/trtllm/fmha/fmhaKernels.cuh:478 (the launch)"},
+          {"library": "flashinfer", "file": "fmhaKernels.cuh", "message": "CUDA Error: CUDA_ERROR_\\w+",
+           "failure": "launch_error_silent",
+           "lines": {"flashinfer-fb28d72": [451, 451], "flashinfer-python-0.7.2": [475, 475],
+                     "flashinfer-python-0.7.2.post1": [478, 478]},
+           "source": "the launch's check in include/flashinfer/trtllm/fmha/fmhaKernels.cuh: fb28d72 :451, "
+                     "flashinfer-python 0.7.2 :475, 0.7.2.post1 :478"},
       ])
 def trtllm_gen_batch_grid(p: FlashInferPlan):
     """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most {{max_batch}} requests per call.
@@ -90,13 +90,13 @@ def _first_drop(a: np.ndarray) -> int | None:
       source="flashinfer fb28d72 include/flashinfer/attention/scheduler.cuh:1594-1600 (MLAPlan checks each qo "
              "length), include/flashinfer/exception.h:23 (FLASHINFER_ERROR throws), csrc/batch_mla_plan.cu:48-56",
       signatures=[
-          {"file": "scheduler.cuh", "lines": [1599, 1599], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
-           "failure": "python_exception", "builds": ["flashinfer-fb28d72"]},
-          {"file": "scheduler.cuh", "lines": [1634, 1634], "message": "qo_indptr\\[\\d+\\].*should be non-negative",
-           "failure": "python_exception", "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
-           "source": "flashinfer-python 0.7.2 include/flashinfer/attention/scheduler.cuh:1634 (the module plan's check)"},
-          {"message": "Error in function 'MLAPlan'", "failure": "python_exception"},
-          {"message": "qo_indptr metadata must be nondecreasing", "failure": "python_exception",
+          {"library": "flashinfer", "function": "MLAPlan", "file": "scheduler.cuh",
+           "message": "qo_indptr\\[\\d+\\].*should be non-negative", "failure": "python_exception",
+           "lines": {"flashinfer-fb28d72": [1599, 1599], "flashinfer-python-0.7.2": [1634, 1634],
+                     "flashinfer-python-0.7.2.post1": [1634, 1634]},
+           "source": "MLAPlan's check of each query length in include/flashinfer/attention/scheduler.cuh: fb28d72 "
+                     ":1599, flashinfer-python 0.7.2 and 0.7.2.post1 :1634 (the module plan's check)"},
+          {"library": "flashinfer", "message": "qo_indptr metadata must be nondecreasing", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73 (the wrapper's check)"},
       ])
@@ -151,10 +151,10 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
              "(work is emitted only while the remaining length is > 0 or exactly 0); flashinfer-python 0.7.2 "
              "flashinfer/mla/_batch_mla/_planning.py:73, :130 (the wrapper refuses both in Python)",
       signatures=[
-          {"message": "kv_len_arr metadata must be nonnegative", "failure": "python_exception",
+          {"library": "flashinfer", "message": "kv_len_arr metadata must be nonnegative", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:130"},
-          {"message": "kv_indptr metadata must be nondecreasing", "failure": "python_exception",
+          {"library": "flashinfer", "message": "kv_indptr metadata must be nondecreasing", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73"},
       ])
@@ -204,89 +204,94 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
     return out
 
 
-def _work_capacity(p: FlashInferPlan) -> dict | None:
-    """The version's work-item capacity facts for the call's entry (None: none recorded)."""
-    facts = p.plan_facts.get("work_capacity") or p.facts["mla_plan"].get("work_capacity")
-    return facts
+def _work_capacity(p: FlashInferPlan) -> dict:
+    """The version's work-list facts for the call's entry (the module's plan has its own failure)."""
+    return p.plan_facts.get("work_capacity") or p.facts["mla_plan"]["work_capacity"]
 
 
-def _total_works(c: MlaPlanCall, num_sm: int, cap: int) -> int | None:
-    """The plan's work items (the model of MLAPlan, bit-exact on an H200), or a lower bound above ``cap``
-    when the batch alone exceeds it (every request with query rows is at least one work item); None when
-    the plan cannot be made (an earlier rule's input, or no KV lengths)."""
-    from .mla_schedule import mla_schedule
-
-    q_lens = np.diff(c.qo_indptr)
-    if c.kv_len is None or (q_lens < 0).any() or (c.kv_len < 0).any():
-        return None
-    if int((q_lens > 0).sum()) > cap:
-        return int((q_lens > 0).sum())
-    try:
-        return mla_schedule(c.qo_indptr, c.kv_indptr, c.kv_len, c.h_q, num_sm, c.causal)["total_works"]
-    except (ValueError, ZeroDivisionError, AssertionError):
-        return None
+def _work_facts(p: FlashInferPlan) -> tuple:
+    """The records FI004 rests on for this call: its entry's work-list facts."""
+    if isinstance(p.call, MlaPlanCall) and p.call.entry == "module" and "work_capacity" in p.plan_facts:
+        return ("mla_plan.module_plan.work_capacity",)
+    return ("mla_plan.work_capacity",)
 
 
-@rule("FI004", subject=PLAN_RULE_KIND, added=38, facts=("mla_plan",),
-      title="FlashInfer MLA plan(): more work items than the plan's fixed 16384-entry work list",
-      failure=Failure("python_exception",
-                      "flashinfer-python 0.7.2's wrapper: \"FA MLA needs at least N work items; native capacity is "
-                      "16384.\" (recoverable, the step fails); the JIT module's plan (CUDA-graph replays) and older "
-                      "trees: no check, the work list overruns and rows are left unwritten (silent_wrong)",
-                      message="needs at least \\d+ work items; native capacity is \\d+"),
-      source="flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_backends/_fa_common.py:253-322 (the wrapper counts "
-             "the work items first), flashinfer/data/include/flashinfer/attention/scheduler.cuh:1775-1840 "
-             "(MLAPlan's 16384-entry per-work regions, no check)",
+def mla_works_page() -> dict:
+    """The numbers FI004's page quotes: the work list's capacity (``rules/flashinfer.json``) and an H200 example."""
+    cap = version(None)["mla_plan"]["work_capacity"]["max_works"]
+    return {"max_works": cap, "example_batch": cap + 1, "sms": resolve_gpu("H200").num_sms}
+
+
+@rule("FI004", subject=PLAN_RULE_KIND, added=38, facts=_work_facts, page=mla_works_page,
+      title="FlashInfer MLA plan(): more work items than its fixed work list holds",
+      failure=Failure("silent_wrong", also=("python_exception", "illegal_memory_access"),
+                      message="FA MLA needs (at least )?\\d+ work items",
+                      text="silent_wrong (or an illegal memory access) where MLAPlan copies the work items past its "
+                           "16384-entry arrays; python_exception on flashinfer-python 0.7.2's wrapper, which refuses "
+                           "the plan first ('FA MLA needs at least N work items; native capacity is 16384.')"),
+      source="flashinfer-ai/flashinfer 00b1eec include/flashinfer/attention/scheduler.cuh (MLAPlan: "
+             "max_total_num_works = 16384, per-work arrays of that size, copies without a check); flashinfer-python "
+             "0.7.2 flashinfer/mla/_batch_mla/_planning.py:84-148 (the wrapper's checks, rules/flashinfer.json "
+             "other_checks); the work count follows validator/flashinfer/mla_schedule.py (scheduler.cuh:1614-1872 "
+             "in 0.7.2)",
       signatures=[
-          {"message": "needs at least \\d+ work items; native capacity is \\d+", "failure": "python_exception",
+          {"library": "flashinfer", "message": "FA MLA needs (at least )?\\d+ work items", "failure": "python_exception",
            "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
-           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_backends/_fa_common.py:253-322"},
+           "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py (the wrapper's work-item check; "
+                     "rules/flashinfer.json other_checks)"},
       ])
-def mla_plan_work_capacity(p: FlashInferPlan):
-    """MLA ``plan()``: the plan's work items must fit the 16384 entries of each per-work array.
+def mla_plan_work_items(p: FlashInferPlan):
+    """MLA ``plan()``: at most {{max_works}} work items in one plan.
 
     ## What it checks
-    The number of work items the plan makes (each request's query rows in tiles of 64 or 128 packed
-    rows, each tile's keys in KV chunks: the model of ``MLAPlan``, equal to the kernel's plan on an
-    H200 for every recorded call) is at most 16384.
+    ``MLAPlan`` cuts each request's packed query rows (``qo_len * h_q``) into tiles of 64 or 128
+    rows and each tile's keys into chunks; every chunk is one work item, kept in arrays of a fixed
+    {{max_works}} entries in the integer workspace. The count follows the plan's own algorithm
+    (``validate_batch.flashinfer.mla_schedule``) on the GPU's SM count ({{sms}} on an H200).
 
     ## Why it crashes
-    ``MLAPlan`` lays out each per-work array (query and KV offsets, lengths, partial-output offsets)
-    as a region of 16384 entries of the integer workspace and writes the work items into them without
-    a check. flashinfer-python 0.7.2's wrapper counts the work items first and refuses a plan above
-    the capacity (``FA MLA needs at least 16385 work items; native capacity is 16384.``). The JIT
-    module's ``plan``, which SGLang calls directly on CUDA-graph replays (``"entry": "module"``), does
-    not: the items past the region overwrite the next one, and on an H200 the rows of a request the
-    overrun reaches were left unwritten (silently wrong).
+    ``MLAPlan`` copies the work items into its {{max_works}}-entry arrays without checking their
+    count: past it, each array runs into the next and the kernels read corrupted work lists (wrong
+    attention or an illegal memory access). flashinfer-python 0.7.2's wrapper refuses such a plan
+    first (``No supported planned MLA backend: fa3: FA MLA needs at least 16385 work items; native capacity is
+    16384.``, measured on an H200); the JIT
+    module's ``plan`` (SGLang's CUDA-graph decode replays) does not.
 
     ## Example
-    16385 decode requests of 1 query token and 1 key each, 128 heads, on 132 SMs: two-CTA clusters, one
-    work item per request, 16385 items.
+    A decode plan of {{example_batch}} requests with one query token and a short KV each: one work
+    item per request, {{example_batch}} in all.
 
     ## Fix
-    Split the batch so each plan has at most 16384 work items (fewer requests, or fewer query tokens
-    per request in one plan).
+    Plan fewer requests per call (split the batch), or cap the decode batch
+    (``--max-running-requests``) so that one plan stays within {{max_works}} work items.
 
     ## Source
-    flashinfer-python 0.7.2 ``flashinfer/mla/_batch_mla/_backends/_fa_common.py:253-322``,
-    ``flashinfer/data/include/flashinfer/attention/scheduler.cuh:1775-1840``; measured on an H200
-    (``fixtures/measured/flashinfer072_h200_kernel_check.json.gz``: 16383 / 16384 / 16385 work items on
-    both entries).
+    flashinfer-ai/flashinfer 00b1eec ``include/flashinfer/attention/scheduler.cuh`` (MLAPlan,
+    ``max_total_num_works``); flashinfer-python 0.7.2 ``flashinfer/mla/_batch_mla/_planning.py:84-148``,
+    ``_backends/_fa_common.py:253-322`` (the wrapper's count). Measured on an H200 with 0.7.2 and
+    0.7.2.post1 at 16383 / 16384 / 16385 work items on both entries
+    (``fixtures/measured/flashinfer072*_h200_kernel_check.json.gz``): the wrapper refuses 16385, the
+    module's plan takes it and leaves one request's output rows unwritten.
     """
     c = p.call
-    if not isinstance(c, MlaPlanCall):
+    if not isinstance(c, MlaPlanCall) or c.kv_len is None or c.batch == 0:
         return None
+    if _first_drop(c.qo_indptr) is not None or int(c.kv_len.min()) < 0:
+        return None           # FI002 / FI003 say it; MLAPlan stops (or drops the request) before counting
     facts = _work_capacity(p)
-    if facts is None:
+    cap = facts["max_works"]
+    # A bound first (cheap, exact as a bound): a tile's keys go in chunks of at most L keys, L >= total keys /
+    # clusters, so the work items are at most tiles + clusters; tiles are at most sum(ceil(qo_len * h_q / 64)).
+    tiles = int(((np.diff(c.qo_indptr) * c.h_q + 63) // 64).sum())
+    if tiles + p.gpu.num_sms <= cap:
         return None
-    cap = int(facts["max_works"])
-    n = _total_works(c, p.gpu.num_sms, cap)
-    if n is None or n <= cap:
+    works = mla_schedule(c.qo_indptr.tolist(), c.kv_indptr.tolist(), c.kv_len.tolist(), num_heads=c.h_q,
+                         num_sm=p.gpu.num_sms)["total_works"]
+    if works <= cap:
         return None
-    parts = -(-n // cap)
-    return [mla_plan_work_capacity.rule.finding(
-        f"the plan has {n} work items on {p.gpu.num_sms} SMs; expected <= {cap}, got {n}",
-        subject=_subject(p), numbers={"work_items": n, "max_work_items": cap, "num_sm": p.gpu.num_sms},
-        fix=f"split the batch into at least {parts} plans of <= {cap} work items (about {-(-c.batch // parts)} "
-            f"requests each)",
+    return [mla_plan_work_items.rule.finding(
+        f"plan of {c.batch} request(s) has {works} work items on {p.gpu.name} ({p.gpu.num_sms} SMs); expected <= {cap} "
+        f"(MLAPlan's fixed work list), got {works}",
+        subject=_subject(p), numbers={"works": works, "max_works": cap, "batch": c.batch},
+        fix=f"split the plan: at most {cap} work items per call (fewer requests, or shorter KV per request)",
         failure=facts["failure"])]

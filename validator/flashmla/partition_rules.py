@@ -38,7 +38,7 @@ def max_rows_per_head(p: Plan) -> int:
              "ceil(s_q*h_q/h_k / 64), unclamped in sgl-flash-mla 1.0.0, clamped to 1 in vLLM 0.33's extension); "
              "measured on an H200, fixtures/measured/vllm033_h200_probes.jsonl",
       signatures=[
-          {"message": "unspecified launch failure", "failure": "device_assert",
+          {"library": "flashmla", "message": "unspecified launch failure", "failure": "device_assert",
            "builds": ["sgl-flash-mla-1.0.0"],
            "source": "measured on an H200 (fixtures/measured/vllm033_h200_probes.jsonl, tag dense_fp8_parts): "
                      "torch's RuntimeError after get_mla_decoding_metadata with 0 partitions"},

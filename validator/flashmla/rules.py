@@ -81,15 +81,15 @@ def sched_smem_page() -> dict:
 #: the error lines of the decode scheduler's shared-memory failure, per build: FMLA001's, and the engine
 #: rules' that send it too many rows (SGL001)
 SCHED_SMEM_SIGNATURES = (
-    {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
+    {"library": "flashmla", "file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
      "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
      "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
                "on H200 (flashmla-facts.md section 4)"},
-    {"file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
+    {"library": "flashmla", "file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
      "builds": ["flashmla-1408756"],
      "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
                "(flashmla-facts.md section 6)"},
-    {"file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
+    {"library": "flashmla", "file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
      "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
      "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
                "from the binary)"},
@@ -172,15 +172,15 @@ def oaccum_safe_rows(p: Plan) -> int | None:
       source="FlashMLA 9241ae3 split-KV kernel and csrc/smxx/decode/combine/combine.cu (row * s_q*h_q*512 computed "
              "in int32); measured on H200: split row 4095 ok, 4096 fails at s_q=8, h_q=128",
       signatures=[
-          {"file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
+          {"library": "flashmla", "file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
            "failure": "illegal_memory_access", "builds": ["flashmla-9241ae3", "vllm-0.33", "sgl-kernel-flashmla"],
            "source": "flashmla.json combine.error_site of flashmla-9241ae3, vllm-0.33-legacy, "
                      "sgl-kernel-flashmla-legacy; measured on H200 with 9241ae3 (split row 4096 at s_q 8, h_q 128)"},
-          {"file": "combine.cu", "lines": [206, 206], "message": "illegal memory access",
+          {"library": "flashmla", "file": "combine.cu", "lines": [206, 206], "message": "illegal memory access",
            "failure": "illegal_memory_access", "builds": ["sgl-flash-mla-1.0.0"],
            "source": "flashmla.json sgl-flash-mla-1.0.0-legacy combine.error_site; measured on H200 "
                      "(flashmla-builds.md section 2)"},
-          {"file": "mla_combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access",
+          {"library": "flashmla", "file": "mla_combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access",
            "builds": ["flashmla-1408756"],
            "source": "flashmla.json flashmla-1408756 combine.error_site (no line recorded)"},
       ])
@@ -240,7 +240,7 @@ def oaccum_offset(p: Plan):
                       site="combine.cu:197", message="illegal memory access"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h (lengths are trusted); measured on H200",
       signatures=[
-          {"file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
+          {"library": "flashmla", "file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
            "failure": "illegal_memory_access", "builds": ["flashmla-9241ae3"],
            "source": "measured on H200 with 9241ae3: topk_length 200 > topk 128 reported at combine.cu:197 "
                      "(flashmla-facts.md section 4)"},
@@ -299,11 +299,11 @@ def topk_length_range(p: Plan):
                       site="splitkv_mla.cuh:689", message="topk"),
       source="FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:689; measured on H200 with topk=100",
       signatures=[
-          {"file": "splitkv_mla.cuh", "lines": [689, 689], "message": "topk", "failure": "process_crash",
+          {"library": "flashmla", "file": "splitkv_mla.cuh", "lines": [689, 689], "message": "topk", "failure": "process_crash",
            "builds": ["flashmla-9241ae3"],
            "source": "FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:689 (host assertion); measured on "
                      "H200 with topk 100: SIGSEGV after it"},
-          {"file": "splitkv_mla.cuh", "lines": [691, 691], "message": "topk", "failure": "python_exception",
+          {"library": "flashmla", "file": "splitkv_mla.cuh", "lines": [691, 691], "message": "topk", "failure": "python_exception",
            "builds": ["sgl-flash-mla-1.0.0"],
            "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl): RuntimeError for "
                      "the assertion at splitkv_mla.cuh:691"},
@@ -354,7 +354,7 @@ def topk_alignment(p: Plan):
                            "outside {512, 576}"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h; measured on H200: h_q 32/96 crash, d_qk 448 RuntimeError",
       signatures=[
-          {"message": "Segmentation fault|SIGSEGV", "failure": "process_crash", "builds": ["flashmla-9241ae3"],
+          {"library": "flashmla", "message": "Segmentation fault|SIGSEGV", "failure": "process_crash", "builds": ["flashmla-9241ae3"],
            "source": "measured on H200 with 9241ae3: h_q 32 or 96 crash with SIGSEGV and no message "
                      "(flashmla-facts.md section 4)"},
       ])
@@ -405,7 +405,7 @@ def sparse_heads(p: Plan):
                       site="splitkv_mla.cuh:700-701", message="V3\\.2 does not support"),
       source="FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:700-701; measured on H200",
       signatures=[
-          {"file": "splitkv_mla.cuh", "lines": [700, 701], "message": "V3\\.2 does not support",
+          {"library": "flashmla", "file": "splitkv_mla.cuh", "lines": [700, 701], "message": "V3\\.2 does not support",
            "failure": "process_crash", "builds": ["flashmla-9241ae3"],
            "source": "FlashMLA 9241ae3 csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:700-701 (host assertions); "
                      "measured on H200: the process crashes"},
@@ -518,11 +518,13 @@ def combine_parts_page() -> dict:
              "csrc/smxx/decode/combine/combine.cu:165-185 (dispatch in steps of 32 up to 160 partitions, else an "
              "assertion that exits); the 2026.09.30 kernels up to 256 (read from the binary)",
       signatures=[
-          {"file": "combine.cu", "lines": [183, 183], "failure": "process_exit",
+          {"library": "flashmla", "file": "combine.cu", "lines": [183, 183], "message": "Assertion (failed|error)",
+           "failure": "process_exit",
            "builds": ["flashmla-9241ae3", "vllm-0.33", "sgl-kernel-flashmla"],
            "source": "FlashMLA 9241ae3 csrc/smxx/decode/combine/combine.cu:183: the split-count dispatch has no case "
                      "above 160 and fails its assertion (exit(1), csrc/utils.h:17-23)"},
-          {"file": "mla_combine.cu", "lines": [172, 172], "failure": "process_exit", "builds": ["flashmla-1408756"],
+          {"library": "flashmla", "file": "mla_combine.cu", "lines": [172, 172], "message": "Assertion (failed|error)",
+           "failure": "process_exit", "builds": ["flashmla-1408756"],
            "source": "FlashMLA 1408756 csrc/smxx/mla_combine.cu:172: the same dispatch assertion"},
       ])
 def combine_parts(p: Plan):
@@ -559,7 +561,7 @@ def combine_parts(p: Plan):
       failure=Failure("python_exception", "stride check on the host", message="Stride exceeds int32 limit"),
       source="FlashMLA 9241ae3 csrc/api/ (int32 stride parameters), read from source",
       signatures=[
-          {"message": "Stride exceeds int32 limit", "failure": "python_exception", "builds": ["sgl-flash-mla-1.0.0"],
+          {"library": "flashmla", "message": "Stride exceeds int32 limit", "failure": "python_exception", "builds": ["sgl-flash-mla-1.0.0"],
            "source": "measured on H200 with sgl-flash-mla 1.0.0 "
                      "(fixtures/measured/sglfm_h200_combine_grid_measured.json): a RuntimeError naming "
                      "csrc_legacy/api/common.h:115 inside its message, raised before any kernel runs"},
@@ -617,7 +619,7 @@ def int32_strides(p: Plan):
       source="FlashMLA 9241ae3 flash_mla_interface.py (fp32 lse_accum [b+P, s_q, h_q] and o_accum [b+P, s_q, h_q, "
              "512])",
       signatures=[
-          {"message": "CUDA out of memory|OutOfMemoryError", "failure": "python_exception",
+          {"library": "flashmla", "message": "CUDA out of memory|OutOfMemoryError", "failure": "python_exception",
            "source": "PyTorch's allocator raises torch.OutOfMemoryError when lse_accum/o_accum do not fit"},
       ])
 def workspace(p: Plan):
@@ -741,7 +743,7 @@ def sparse_requirements(p: Plan):
       failure=Failure("python_exception", "unsupported architecture / shape", message="only supported on SM100f"),
       source="FlashMLA 9241ae3 csrc/api/sparse_decode.h and dense_decode.h (SM90 and SM100 only)",
       signatures=[
-          {"message": "only supported on SM100f", "failure": "python_exception",
+          {"library": "flashmla", "message": "only supported on SM100f", "failure": "python_exception",
            "builds": ["sgl-flash-mla-1.0.0", "flashmla-2026.09.30"],
            "source": "measured on H200 with sgl-flash-mla 1.0.0, use_legacy=False (oracle sglfm_h200_probes.jsonl): "
                      "RuntimeError naming the SM100f requirement"},
@@ -796,16 +798,16 @@ def empty_prefill_signatures(tma_dump_builds: tuple) -> tuple:
     route that sends it an empty chunk). ``tma_dump_builds``: the builds the descriptor-dump line is
     recorded for."""
     return (
-        {"message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
-         "builds": list(tma_dump_builds),
+        {"library": "flashmla", "message": "TMA Desc Addr|Failed to initialize the TMA descriptor", "failure": "process_crash",
+         "builds": list(tma_dump_builds), "require": {"zero_extent": True},
          "source": "measured on H200 with 9241ae3 (oracle flashmla_h200_sparse_prefill_probes.jsonl, s_q 0): a TMA "
-                   "descriptor dump, then SIGSEGV" + ("; 1408756 inferred from the same code"
+                   "descriptor dump whose globalDim has a 0 extent (no rows), then SIGSEGV" + ("; 1408756 inferred from the same code"
                                                       if "flashmla-1408756" in tma_dump_builds else "")},
-        {"file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
+        {"library": "flashmla", "file": "phase1.cuh", "lines": [614, 614], "message": "CUDA_SUCCESS", "failure": "process_crash",
          "builds": ["flashmla-9241ae3"],
          "source": "FlashMLA 9241ae3 csrc/sm90/prefill/sparse/phase1.cuh:614: the host assertion on the encoded "
                    "TMA descriptor (read from source)"},
-        {"file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
+        {"library": "flashmla", "file": "phase1.cuh", "lines": [621, 621], "message": "CUDA_SUCCESS", "failure": "python_exception",
          "builds": ["sgl-flash-mla-1.0.0"],
          "source": "measured on H200 with sgl-flash-mla 1.0.0 (oracle sglfm_h200_probes.jsonl, 'legacy prefill "
                    "s_q=0'): RuntimeError for the assertion at phase1.cuh:621"},
@@ -853,7 +855,7 @@ def sparse_prefill_rows(p: Plan):
       failure=Failure("python_exception", site="sparse_prefill.cpp:198", message="Unsupported h_q"),
       source="measured on an H200 with sgl-flash-mla 1.0.0: h_q 32 raises 'Unsupported h_q: 32', 64 and 128 run; "
              "vLLM 0.33's copy ran h_q 32 (fixtures/measured/h200_gap_probes.jsonl)",
-      signatures=[{"file": "sparse_prefill.cpp", "lines": [198, 198], "message": "Unsupported h_q",
+      signatures=[{"library": "flashmla", "file": "sparse_prefill.cpp", "lines": [198, 198], "message": "Unsupported h_q",
                    "failure": "python_exception", "builds": ["sgl-flash-mla-1.0.0"],
                    "source": "measured on an H200 with sgl-flash-mla 1.0.0 (h200_gap_probes, prefill_h_q 32)"}])
 def prefill_heads(p: Plan):
@@ -952,7 +954,7 @@ def static_batch_page() -> dict:
       source="dense fp8 scheduler (fork's SM90 extension, vLLM's); measured on H200 with sgl-flash-mla 1.0.0: 4095 "
              "ok, 4096 exits",
       signatures=[
-          {"file": "flash_fwd_mla_metadata.cu", "lines": [74, 74], "message": "batch_size < MaxBatchSize",
+          {"library": "flashmla", "file": "flash_fwd_mla_metadata.cu", "lines": [74, 74], "message": "batch_size < MaxBatchSize",
            "failure": "process_exit",
            "source": "measured on H200 (oracle sglfm_h200_probes.jsonl): 'Assertion failed "
                      "(.../dense_fp8/flash_fwd_mla_metadata.cu:74): params.batch_size < MaxBatchSize', exit code 1"},
@@ -1011,18 +1013,18 @@ def combine_grid_page() -> dict:
              "launch refused up to s_q 65535 (fixtures/measured/sglfm_h200_combine_grid_measured.json): no grid "
              "limit below b*s_q = 2^31-1",
       signatures=[
-          {"file": "mla_combine.cu", "lines": [201, 201], "message": "invalid (configuration )?argument",
+          {"library": "flashmla", "file": "mla_combine.cu", "lines": [201, 201], "message": "invalid (configuration )?argument",
            "failure": "process_exit", "builds": ["flashmla-1408756"],
            "source": "FlashMLA 1408756 csrc/smxx/mla_combine.cu:192 (grid), :201 (the launch check that prints and "
                      "exits)"},
-          {"file": "combine.cu", "lines": [210, 210], "message": "invalid (configuration )?argument",
+          {"library": "flashmla", "file": "combine.cu", "lines": [210, 210], "message": "invalid (configuration )?argument",
            "failure": "process_exit", "builds": ["flashmla-9241ae3"],
            "source": "FlashMLA 9241ae3 csrc/smxx/decode/combine/combine.cu:203 (grid), :210 (the launch check)"},
-          {"file": "combine.cu", "lines": [209, 209], "message": "invalid (configuration )?argument",
+          {"library": "flashmla", "file": "combine.cu", "lines": [209, 209], "message": "invalid (configuration )?argument",
            "failure": "process_exit", "builds": ["sgl-kernel-flashmla"],
            "source": "sgl-kernel's FlashMLA fork 9804b12 csrc/smxx/decode/combine/combine.cu:202 (grid), :209 (the "
                      "launch check)"},
-          {"file": "combine.cu", "message": "invalid (configuration )?argument", "failure": "process_exit",
+          {"library": "flashmla", "file": "combine.cu", "message": "invalid (configuration )?argument", "failure": "process_exit",
            "builds": ["flashmla-2026.09.30", "sgl-flash-mla-1.0.0", "vllm-0.33"],
            "source": "the combine kernel's launch check of the 2026.09.30 kernels, sgl-flash-mla 1.0.0 and vLLM 0.33 "
                      "(file named, line not recorded)"},
@@ -1100,7 +1102,7 @@ def combine_grid(p: Plan):
              "(nothing compared); 2026.09.30 kernels: length values not compared (flashmla-builds.md section 3, read "
              "from the binary)",
       signatures=[
-          {"file": "flash_mla_interface.py", "message": "sched_meta\\.config\\.\\w+ must be equal to",
+          {"library": "flashmla", "file": "flash_mla_interface.py", "message": "sched_meta\\.config\\.\\w+ must be equal to",
            "failure": "python_exception",
            "source": "FlashMLA flash_mla_interface.py:139-149: the schedule's recorded configuration compared with "
                      "the call's"},
@@ -1165,10 +1167,10 @@ def sched_meta_reuse(s: ReuseCheck):
              "dereferenced); 1408756 csrc/sm90/decode/sparse_fp8/splitkv_mla.cu:484-522; current kernels: only -1 "
              "skipped (flashmla-builds.md section 3)",
       signatures=[
-          {"file": "combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access",
+          {"library": "flashmla", "file": "combine.cu", "message": "illegal memory access", "failure": "illegal_memory_access",
            "source": "an out-of-range decode index reads out of bounds in the split-KV kernel (9241ae3 "
                      "splitkv_mla.cuh:531-539); the sticky error surfaces at the combine kernel's check"},
-          {"file": "splitkv_mla.cuh", "message": "illegal memory access", "failure": "illegal_memory_access",
+          {"library": "flashmla", "file": "splitkv_mla.cuh", "message": "illegal memory access", "failure": "illegal_memory_access",
            "source": "the same read reported at the split-KV kernel's own check"},
       ])
 def decode_indices(s: IndicesCheck):
@@ -1221,7 +1223,7 @@ def decode_indices(s: IndicesCheck):
              ":455-458; measured on an H200 with vLLM 0.33 under compute-sanitizer (the previous row's last entry "
              "decides: -1 there is an invalid read, a valid page is not; a page 2^20 past the pool crashes)",
       signatures=[
-          {"message": "illegal memory access", "failure": "illegal_memory_access",
+          {"library": "flashmla", "message": "illegal memory access", "failure": "illegal_memory_access",
            "builds": ["sgl-flash-mla-1.0.0", "vllm-0.33"],
            "source": "measured on an H200 with vLLM 0.33 (fixtures/measured/vllm033_h200_densefp8_padding_memcheck_"
                      "probes.jsonl): length-0 rows after a row whose last block-table entry is 2^20"},

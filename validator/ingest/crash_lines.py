@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .recognisers import KINDS, site_patterns
+from .recognisers import KERNEL_LIBRARIES, KINDS, site_patterns
 from .recognisers import classify as classify_error   # the table's one classifier, as bisect's readers name it
 
-__all__ = ["ErrorEvent", "KINDS", "classify_error", "site_patterns"]
+__all__ = ["ErrorEvent", "KERNEL_LIBRARIES", "KINDS", "classify_error", "site_patterns"]
 
 
 @dataclass
@@ -44,6 +44,20 @@ class ErrorEvent:
         """How the process ended, as the rule catalog names it (``process_exit``, ``illegal_memory_access``,
         ``python_exception``, ``process_crash``, ``device_assert``, ``launch_error_silent``), or None."""
         return self.numbers.get("failure")
+
+    @property
+    def owner(self) -> str | None:
+        """The library whose failure the error reports: the one its path or text names (FlashMLA,
+        FlashInfer, DeepGEMM, FlashAttention-3), else the one the traceback around it points into
+        (``owner`` set by the log scan, with ``owner_from``); None when nothing says."""
+        if "owner" in self.numbers:
+            return self.numbers["owner"]
+        lib = self.numbers.get("library")
+        return lib if lib in KERNEL_LIBRARIES else None
+
+    @property
+    def function(self) -> str | None:
+        return self.numbers.get("function")
 
     @property
     def file(self) -> str | None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import InputError
+from ..facts.knowledge import load
 from ..facts.limits import echo
 from ..facts.names import BOOL_FLAG_SETTINGS, LAUNCH_SETTINGS, check_server_arg, normalize_setting
 from .reprparse import Call, parse_call_at, scalar
@@ -25,11 +26,15 @@ LAUNCH_MARKERS = (
     re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.launch_server\b|\S*sglang/launch_server\.py\b"),
     re.compile(r"(?:^|[\s/'\"`])sglang\s+serve\b"),
     re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.bench_one_batch\b"),
+    re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?sglang\.bench_offline_throughput\b"),
     re.compile(r"(?:^|[\s/'\"`])(?:python3?(?:\.\d+)?\s+-m\s+)?vllm\.entrypoints\.openai\.api_server\b"),
     re.compile(r"(?:^|[\s/'\"`])vllm\s+serve\b"),
 )
-SGLANG_MARKERS = 3          # the first three markers start an SGLang command, the others a vLLM one
-ENTRY_POINTS = ("sglang.launch_server", "sglang.bench_one_batch", "vllm.entrypoints.openai.api_server", "launch_server.py")
+SGLANG_MARKERS = 4          # the first four markers start an SGLang command, the others a vLLM one
+#: the benchmark entry points (not servers): which marker starts each
+BENCH_ENTRY_POINTS = {"sglang.bench_one_batch": 2, "sglang.bench_offline_throughput": 3}
+ENTRY_POINTS = ("sglang.launch_server", "sglang.bench_one_batch", "sglang.bench_offline_throughput",
+                "vllm.entrypoints.openai.api_server", "launch_server.py")
 # "<path>", "<your-model>", "${MODEL}", "$MODEL": a value the user left to be filled in.
 PLACEHOLDER = re.compile(r"^(?:<[^<>\s]+>|\$\{?\w+\}?|\.\.\.|…)$")
 MAX_LAUNCH_CHARS = 256 * 1024
@@ -47,8 +52,21 @@ def coerce(text: str) -> Any:
 
 
 def entry_point(command: str) -> str | None:
-    """``sglang.bench_one_batch`` when the command runs it (one extend forward of the whole batch, not a server)."""
-    return "sglang.bench_one_batch" if LAUNCH_MARKERS[2].search(command) else None
+    """The benchmark the command runs (``sglang.bench_one_batch``: one extend forward of the whole batch;
+    ``sglang.bench_offline_throughput``: an engine fed a generated dataset), or None for a server."""
+    return next((name for name, i in BENCH_ENTRY_POINTS.items() if LAUNCH_MARKERS[i].search(command)), None)
+
+
+def _bench_flag(key: str, bench: str | None) -> str:
+    """A benchmark flag written as a unique prefix of its name (argparse takes ``--random-input`` for
+    ``--random-input-len``), spelled out; any other key as it is."""
+    if bench is None:
+        return key
+    names = list(load("bisect")["bench_flags"].get(bench, {}))
+    if key in names:
+        return key
+    hits = [n for n in names if n.startswith(key)]
+    return hits[0] if len(hits) == 1 else key
 
 
 def find_launch(line: str) -> tuple[str, int] | None:
@@ -98,7 +116,8 @@ def parse_launch(command: str, where: str = "--launch", notes: list[str] | None 
         text = text[hit[1]:]
     elif not _flag(text.strip().split(" ", 1)[0]):
         raise InputError(where, "expected 'python -m sglang.launch_server ...', 'sglang serve ...', 'vllm serve ...', "
-                                f"'python -m sglang.bench_one_batch ...' or bare --flags, got {echo(text.strip()[:60])}")
+                                f"'python -m sglang.bench_one_batch ...', 'python -m sglang.bench_offline_throughput ...' "
+                                f"or bare --flags, got {echo(text.strip()[:60])}")
     try:
         toks = shlex.split(text, comments=False, posix=True)
     except ValueError:
@@ -110,6 +129,7 @@ def parse_launch(command: str, where: str = "--launch", notes: list[str] | None 
                 t == "serve" and i > 0 and toks[i - 1].endswith(("sglang", "vllm"))):
             start = i + 1
             break
+    bench = entry_point(" ".join(toks[:start])) if start else None
     toks = toks[start:]
     out: dict[str, Any] = {}
     i = 0
@@ -126,7 +146,7 @@ def parse_launch(command: str, where: str = "--launch", notes: list[str] | None 
             i += 1
             continue
         name, eq, inline = t.lstrip("-").partition("=")
-        key = normalize_setting(name)
+        key = _bench_flag(normalize_setting(name), bench)
         if not key:
             i += 1
             continue

@@ -35,10 +35,13 @@ KINDS: dict[str, tuple[int, str | None]] = {
     "flashmla_sparse_prefill": (10, "rows"),
     "tma_descriptor": (10, "rows"),
     "flashmla_combine": (9, "rows"),
+    "ptxas_error": (10, None),
+    "compile_error": (9, None),
     "flashinfer_plan": (9, None),
     "index_oob": (9, "slot"),
     "flashinfer_launch": (8, None),
     "device_assert": (8, None),
+    "tvm_check": (8, None),
     "host_assert": (7, None),
     "oom": (7, "rows"),
     "segfault": (6, None),
@@ -48,10 +51,15 @@ KINDS: dict[str, tuple[int, str | None]] = {
     "scheduler_exception": (2, None),
     "traceback": (1, None),
     "process_exit": (1, None),
+    "prose_report": (0, None),
 }
 
 SITE_SCAN_CHARS = 2000      # a line's first characters that the file-and-line formats read
 ILLEGAL_ACCESS_TEXT = "illegal memory access"   # the CUDA runtime's text for a lost context
+#: how the CUDA runtime and driver print it (cudaGetErrorString, the driver's error name); a line holding only
+#: the words ("we get an illegal memory access when ...") is a report in prose
+ILLEGAL_ACCESS_PRINTED = ("illegal memory access was encountered", "cudaErrorIllegalAddress",
+                          "CUDA_ERROR_ILLEGAL_ADDRESS")
 DEVICE_ASSERT_TEXT = "device-side assert"       # torch's text for a device-side assertion
 
 # crash class -> (part of a generation in rules/flashmla.json whose "error_site" names its source file)
@@ -89,10 +97,19 @@ def site_kind(file: str) -> str | None:
     return None
 
 
-#: (part of a source path, the library it names); CUTLASS's CuTe headers sit in a directory ``cute``
+#: the kernel libraries whose own failures rules describe; an error one of them prints (or raises) is theirs
+KERNEL_LIBRARIES = ("flashmla", "flashinfer", "deepgemm", "fa3")
+#: (part of a source path, the library it names), tried in order. FlashAttention-3 is the ``hopper/`` tree of
+#: flash-attention, shipped by vLLM as ``vllm-flash-attn`` (``vllm/vllm_flash_attn`` once installed);
+#: CUTLASS's CuTe headers sit in a directory ``cute``
 _LIBRARIES = (("flashinfer", "flashinfer"), ("flashmla", "flashmla"), ("flash_mla", "flashmla"),
-              ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("cutlass", "cutlass"))
+              ("deep_gemm", "deepgemm"), ("deepgemm", "deepgemm"), ("vllm-flash-attn", "fa3"),
+              ("vllm_flash_attn", "fa3"), ("flash_attn_3", "fa3"), ("flash-attention/hopper", "fa3"),
+              ("flash_attn/hopper", "fa3"), ("hopper/flash_", "fa3"),
+              ("cutlass", "cutlass"))
 _LIBRARY_DIRS = {"cute": "cutlass"}
+#: path parts of the engines' own code (a traceback frame there: the engine raised, not a kernel library)
+_ENGINES = (("/sglang/", "sglang"), ("sglang/srt/", "sglang"), ("/vllm/", "vllm"))
 
 
 def library_of(path: str) -> str | None:
@@ -102,6 +119,17 @@ def library_of(path: str) -> str | None:
     if found is None:
         found = next((_LIBRARY_DIRS[d] for d in low.split("/")[:-1] if d in _LIBRARY_DIRS), None)
     return found
+
+
+def frame_library(path: str) -> str | None:
+    """The library a Python traceback frame's file is in: a kernel library's package (checked first, so
+    vLLM's bundled ``vllm_flash_attn`` is FlashAttention-3), else the engine (``sglang``, ``vllm``); None
+    for other code (torch, the standard library)."""
+    low = "/" + path.lower().lstrip("/")
+    lib = library_of(low)
+    if lib in KERNEL_LIBRARIES:
+        return lib
+    return next((name for frag, name in _ENGINES if frag in low), None)
 
 
 # ---------------------------------------------------------------------------------- the rows
@@ -252,32 +280,74 @@ TMA_FIELD = re.compile(r"^\s*(?P<key>format|dim|gmem_address|globalDim|globalStr
                        r"swizzle|l2Promotion|oobFill|tensorDataType|tensorRank)\s+(?P<value>\S.*?)\s*$")
 
 
+# ptxas's resource error: 'ptxas error   : Entry function 'K' uses too much shared data (0xN bytes, 0xM max)'
+_PTXAS = re.compile(r"ptxas (?:error|fatal)\s*:\s*(?P<msg>(?:Entry function '(?P<kernel>[^'\s]{1,2000})' uses too much "
+                    r"(?P<what>shared|local|param) data \((?P<bytes>0x[0-9a-fA-F]{1,16}|\d{1,20}) bytes, "
+                    r"(?P<max>0x[0-9a-fA-F]{1,16}|\d{1,20}) max\))?.*)")
+# TVM's (and TVM-FFI's, FlashInfer's binding layer) check text: 'InternalError: Check failed: (COND) is false: MSG'
+_TVM_CHECK = re.compile(r"(?P<exc>(?:tvm\.error\.|tvm_ffi\.)?\w*Error)?:?\s*Check failed: (?P<cond>\(.{0,2000}?\) is false|"
+                        r"[^:]{0,2000})(?::\s*(?P<msg>.*))?")
+
+
+def _number(text: str) -> int:
+    return int(text, 16) if text.lower().startswith("0x") else parse_int(text, "ptxas line")
+
+
+def _ptxas(m: re.Match, line: str) -> dict:
+    nums: dict = {"message": m.group("msg").strip()[:300]}
+    if m.group("kernel"):
+        nums.update(kernel=m.group("kernel")[:300], memory=m.group("what"), bytes=_number(m.group("bytes")),
+                    max_bytes=_number(m.group("max")))
+        if m.group("what") == "shared":
+            nums["note"] = "static shared memory (__shared__ arrays): the 48 KiB static limit, not the dynamic opt-in"
+    return nums
+
+
+def _tvm_check(m: re.Match, line: str) -> dict:
+    cond = m.group("cond").strip()
+    if cond.endswith(" is false") and cond.startswith("("):
+        cond = cond[1:-len(") is false")]
+    return {"exception": m.group("exc"), "condition": cond[:300], "message": (m.group("msg") or "").strip()[:300]}
+
+
+def _prose(m: re.Match, line: str) -> dict | None:
+    return {"prose": True, "confidence": "low", "report": line.strip()[:300]}
+
+
 def _raised(line: str) -> bool:
     """Whether the line is a Python exception's text (the library raised instead of exiting)."""
     return bool(_RAISED.search(line[:160]))
 
 
 def _site_class(default: str) -> Callable[[re.Match, str], str]:
-    """The crash class the line's source file reports, else ``default``."""
-    return lambda m, line: site_kind(m.group("file")) or default
+    """The FlashMLA crash class the line's source file reports (a FlashMLA file), else ``default``."""
+    return lambda m, line: (site_kind(m.group("file")) if library_of(m.group("path")) in (None, "flashmla")
+                            else None) or default
 
 
 def _check_cuda_kind(m: re.Match, line: str) -> str:
-    return site_kind(m.group("file")) or (
+    lib = library_of(m.group("path"))
+    return (site_kind(m.group("file")) if lib in (None, "flashmla") else None) or (
         "illegal_memory_access" if _ILLEGAL.search(line[:SITE_SCAN_CHARS]) else "cuda_error")
+
+
+def _site_library(m: re.Match) -> str | None:
+    """``flashmla`` for a path that names no library but a FlashMLA source file (the format is shared:
+    FlashAttention-3 prints the same 'CUDA error (FILE:LINE)' and DeepGEMM the same 'Assertion error (')."""
+    return "flashmla" if library_of(m.group("path")) is None and site_kind(m.group("file")) else None
 
 
 def _check_cuda(m: re.Match, line: str) -> dict:
     text = m.group("msg").strip()
     failure = ("python_exception" if _raised(line) else
                "illegal_memory_access" if _ILLEGAL.search(text) else "process_exit")
-    return {"message": text, "failure": failure}
+    return {"message": text, "failure": failure, "library": _site_library(m)}
 
 
 def _flash_assert(m: re.Match, line: str) -> dict:
     text = m.group("msg").strip()
     cond = _INNER_ASSERT.search(text)
-    return {"condition": cond.group("c") if cond else text,
+    return {"condition": cond.group("c") if cond else text, "library": _site_library(m),
             "failure": "python_exception" if (m.group("how") == "error" or _raised(line)) else "process_exit"}
 
 
@@ -315,7 +385,7 @@ TMA_BLOCK = Block(TMA_FIELD, _tma_field, closer="cutlass_tma_init_failed", closi
 
 RECOGNISERS: tuple[Recogniser, ...] = (
     Recogniser(
-        "flashmla_check_cuda", "flashmla", "cuda_error",
+        "flashmla_check_cuda", None, "cuda_error",
         re.compile(r"CUDA error \((?P<path>(?:[^()/]*/)*(?P<file>[\w.+-]+\.(?:cu|cuh|cpp|h|hpp|cc)))\s*:\s*(?P<line>\d+)\)"
                    r"\s*:?\s*(?P<msg>.*)"),
         ("CUDA error (",), _check_cuda, kind_of=_check_cuda_kind,
@@ -326,6 +396,24 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         (" error (",), lambda m, line: {"message": m.group("msg").strip(), "error_class": m.group("name")},
         failure="python_exception", window=SITE_SCAN_CHARS,
         source="DeepGEMM 'NAME error (FILE:LINE): MSG', raised as a RuntimeError (54e2261 csrc/utils/exception.hpp:12-73)"),
+    Recogniser(
+        "ptxas_error", None, "ptxas_error", _PTXAS, ("ptxas error", "ptxas fatal"), _ptxas,
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="ptxas's error line, printed in the compiler output a JIT library shows before it raises (DeepGEMM "
+               "06a6ae2 csrc/jit/compiler.hpp, NVCCCompiler::compile: printf then DG_HOST_ASSERT)"),
+    Recogniser(
+        "deepgemm_nvcc_failed", "deepgemm", "compile_error",
+        re.compile(r"NVCC (?:PTX )?compilation failed:?\s*(?P<msg>.*)"), ("NVCC compilation failed", "NVCC PTX compilation"),
+        lambda m, line: {"message": m.group("msg").strip()[:300]} if "Assertion" not in line[:m.start() + 1] else None,
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="DeepGEMM's JIT compiler prints 'NVCC compilation failed: OUTPUT' then asserts (06a6ae2 "
+               "csrc/jit/compiler.hpp, NVCCCompiler::compile)"),
+    Recogniser(
+        "tvm_check_failed", "tvm-ffi", "tvm_check", _TVM_CHECK, ("Check failed",), _tvm_check,
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="TVM's check text 'InternalError: Check failed: (COND) is false: MSG' (tvm.error.InternalError), "
+               "raised through TVM-FFI, FlashInfer's binding layer from 0.4 (flashinfer PR #1960 bumps tvm-ffi): the "
+               "library that failed is the traceback's"),
     Recogniser(
         "flashinfer_error", "flashinfer", "flashinfer_plan",
         re.compile(r"Error in function '(?P<func>[^']*)' at " + _SRC + r":(?P<line>\d+):?\s*(?P<msg>.*)"),
@@ -349,17 +437,17 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         window=SITE_SCAN_CHARS,
         source="FlashInfer's runtime-call check (include/flashinfer/utils.cuh, FLASHINFER_CUDA_CALL in debug builds)"),
     Recogniser(
-        "flashmla_assert", "flashmla", "host_assert",
+        "flashmla_assert", None, "host_assert",
         re.compile(r"Assertion (?P<how>failed|error) \(" + _SRC + r"\s*:\s*(?P<line>\d+)\)\s*:?\s*(?P<msg>.*)"),
         ("Assertion failed (", "Assertion error ("), _flash_assert, window=SITE_SCAN_CHARS,
         kind_of=_site_class("host_assert"),
         source="FlashMLA FLASH_ASSERT 'Assertion failed (FILE:LINE): COND', then exit(1) (9241ae3 csrc/utils.h:17-23); "
                "sgl-flash-mla's exception form 'Assertion error (FILE:LINE): Assertion `COND` failed (...)'"),
     Recogniser(
-        "kerutils_assert", "flashmla", "host_assert",
+        "kerutils_assert", None, "host_assert",
         re.compile(r"Assertion `(?P<cond>[^`]*)` failed \(" + _SRC + r":(?P<line>\d+)\)"),
         ("` failed (",),
-        lambda m, line: {"condition": m.group("cond"),
+        lambda m, line: {"condition": m.group("cond"), "library": _site_library(m),
                          "failure": "python_exception" if _raised(line) else "process_crash"},
         window=SITE_SCAN_CHARS, kind_of=_site_class("host_assert"),
         source="FlashMLA KU_ASSERT 'Assertion `COND` failed (FILE:LINE): ...', then it throws; measured on an H200 "
@@ -406,7 +494,8 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         re.compile(re.escape(DEVICE_ASSERT_TEXT) + r"(?:ion)? triggered"), (DEVICE_ASSERT_TEXT,),
         failure="device_assert", source="torch's 'CUDA error: device-side assert triggered'"),
     Recogniser(
-        "cuda_illegal_memory_access", None, "illegal_memory_access", _ILLEGAL, (ILLEGAL_ACCESS_TEXT,),
+        "cuda_illegal_memory_access", None, "illegal_memory_access",
+        re.compile("|".join(re.escape(t) for t in ILLEGAL_ACCESS_PRINTED), re.I), ILLEGAL_ACCESS_PRINTED,
         failure="illegal_memory_access", source="the CUDA runtime's 'an illegal memory access was encountered'"),
     Recogniser(
         "torch_cuda_error", None, "cuda_error",
@@ -434,6 +523,16 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         failure="process_crash", unless=("device-side",),
         source="assertion and TORCH_CHECK texts without a source site"),
     Recogniser(
+        "library_exception", None, "python_error",
+        re.compile(r"(?P<mod>(?:flashinfer|deep_gemm|flash_mla|vllm_flash_attn|flash_attn_interface|flash_attn)"
+                   r"(?:\.\w+){0,8})\.(?P<exc>\w{0,80}(?:Error|Exception)):\s*(?P<msg>.*)"),
+        ("flashinfer.", "deep_gemm.", "flash_mla.", "vllm_flash_attn.", "flash_attn"),
+        lambda m, line: {"exception": f"{m.group('mod')}.{m.group('exc')}", "message": m.group("msg").strip()[:300],
+                         "library": library_of(m.group("mod").replace(".", "/") + "/")},
+        failure="python_exception", window=SITE_SCAN_CHARS,
+        source="a kernel library's own Python exception, named with its module ('flashinfer.jit.core.CompilationError: "
+               "MSG'): the module names the library"),
+    Recogniser(
         "python_exception", None, "python_error",
         re.compile(r"\b(?P<exc>RuntimeError|IndexError|AssertionError|ValueError|KeyError|TypeError|torch\.AcceleratorError|"
                    r"AcceleratorError|EngineDeadError)\b:?\s*(?P<msg>.*)"),
@@ -445,6 +544,10 @@ RECOGNISERS: tuple[Recogniser, ...] = (
                    r"(?:hit an exception|encountered a fatal error|failed)", re.I),
         ("hit an exception", "encountered a fatal error", "failed"),
         source="SGLang's and vLLM's lines for a scheduler or worker that raised"),
+    Recogniser(
+        "prose_illegal_access", None, "prose_report", _ILLEGAL, (ILLEGAL_ACCESS_TEXT,), _prose,
+        source="'illegal memory access' in a sentence, not in the runtime's printed form (an issue report's prose): "
+               "low-confidence evidence, matched by no signature"),
     Recogniser(
         "python_traceback", None, "traceback",
         re.compile(r"Traceback \(most recent call last\)"), ("Traceback (most recent call last)",),

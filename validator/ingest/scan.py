@@ -23,7 +23,7 @@ from ..errors import InputError
 from ..facts.limits import parse_int
 from ..facts.names import normalize_setting
 from .crash_lines import ErrorEvent
-from .recognisers import OpenBlock, Recognised, classify, open_block
+from .recognisers import KERNEL_LIBRARIES, OpenBlock, Recognised, classify, frame_library, open_block
 from .launch import DP_CHUNK_WARNING, EngineConfig, entry_point, find_launch, parse_launch, server_args_from_line
 from .sglang_log import Era, LineParseError, Step, looks_like_batch_line, parse_batch_line, parse_prefix
 from .vllm_dump import MARKER as VLLM_MARKER
@@ -46,6 +46,31 @@ _VLLM_NAMES = re.compile(r"\b(model|kv_cache_dtype|attention_backend)'?\s*[=:]\s
 # vLLM's log line "(PROC pid=N) LEVEL MM-DD HH:MM:SS [FILE:LINE] MESSAGE" (vllm 0.33.0 vllm/logger.py:28-33).
 _VLLM_LINE = re.compile(r"^(?:\(\w+ pid=\d+\)\s+)?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)? \[[\w./-]+:\d+\]")
 _VLLM_MODEL = re.compile(r"'model': '([^']+)'")
+# A Python traceback frame ('File "PATH", line N, in F') and faulthandler's ('File "PATH", line N in F')
+_FRAME = re.compile(r'File "(?P<path>[^"]{1,1000})", line \d+')
+MAX_FRAMES = 400                # traceback frames kept (with a library), for attributing errors
+TRACEBACK_SPAN = 400            # lines a Python traceback may span before its exception line
+FAULT_SPAN = 80                 # lines after a crash in which faulthandler's stack follows
+NEIGHBOUR_SPAN = 40             # lines within which another error's library attributes this one
+#: errors a tool prints inside a library's call (the compiler a JIT library runs): the library's own line nearby
+#: (DeepGEMM's 'NVCC compilation failed' and its assertion) says whose they are; other errors are never
+#: attributed by a neighbour
+NEIGHBOUR_KINDS = ("ptxas_error", "compile_error")
+#: failures caught at a later call than the one that caused them: the traceback does not name the culprit
+#: (torch: "CUDA kernel errors might be asynchronously reported at some other API call")
+STICKY = ("illegal_memory_access", "device_assert")
+
+
+_EXC_MODULE = re.compile(r"(?:^|\s)(?P<mod>[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+)\.\w*(?:Error|Exception)\b")
+
+
+def _module_owner(e: ErrorEvent) -> tuple[str, str] | None:
+    """The kernel library an exception's module names (``flashinfer.jit.core.CompilationError: ...``), or None."""
+    m = _EXC_MODULE.search(e.text[:200])
+    if m is None:
+        return None
+    lib = frame_library(m.group("mod").replace(".", "/") + "/")
+    return (lib, f"the exception's module {m.group('mod')}") if lib in KERNEL_LIBRARIES else None
 
 
 @dataclass
@@ -117,6 +142,8 @@ class LogEvidence:
     total_lines: int = 0
     notes: list[str] = field(default_factory=list)
     engine: str | None = None
+    frames: deque = field(default_factory=lambda: deque(maxlen=MAX_FRAMES))      # (line, library, path)
+    stack_heads: deque = field(default_factory=lambda: deque(maxlen=MAX_FRAMES))  # (line, "last" | "first")
 
     # -------------------------------------------------------------- queries
     def era(self) -> Era | None:
@@ -144,7 +171,46 @@ class LogEvidence:
         late = [e for e in errs if e.line_no > last]
         pool = late or errs
         best = max(e.specificity for e in pool)
-        return next(e for e in pool if e.specificity == best)
+        root = next(e for e in pool if e.specificity == best)
+        self.attribute(root)
+        return root
+
+    def attribute(self, e: ErrorEvent) -> None:
+        """Set ``owner`` (the library whose failure the error reports) and ``owner_from`` on an error whose
+        own text names no kernel library: the innermost frame with a library of the Python traceback that
+        ends at it, else the first of faulthandler's stack after it (a crash); a compiler's line takes the
+        kernel library of an error within a few lines (the output DeepGEMM prints before its assertion). A sticky CUDA error
+        is not attributed by its traceback (it surfaces at a later call)."""
+        if "owner" in e.numbers or e.numbers.get("library") in KERNEL_LIBRARIES or e.numbers.get("prose"):
+            return
+        got = _module_owner(e)
+        if got is None and (e.failure not in STICKY or e.numbers.get("library") == "cutlass"):
+            got = self._frame_owner(e.line_no)
+        if e.kind in NEIGHBOUR_KINDS and (got is None or got[0] not in KERNEL_LIBRARIES):
+            for o in sorted(self.errors, key=lambda x: abs(x.line_no - e.line_no)):
+                lib = o.numbers.get("library")
+                if o is not e and lib in KERNEL_LIBRARIES and abs(o.line_no - e.line_no) <= NEIGHBOUR_SPAN:
+                    got = (lib, f"the {lib} error on line {o.line_no}")
+                    break
+        if got is not None:
+            e.numbers["owner"], e.numbers["owner_from"] = got
+
+    def _frame_owner(self, line_no: int) -> tuple[str, str] | None:
+        last_heads = [h for h, how in self.stack_heads if how == "last" and line_no - TRACEBACK_SPAN <= h < line_no]
+        if last_heads:
+            start = last_heads[-1]
+            inner = [f for f in self.frames if start < f[0] < line_no and f[1] is not None]
+            if inner:
+                ln, lib, path = inner[-1]
+                return lib, f"traceback frame on line {ln} ({path})"
+        first_heads = [h for h, how in self.stack_heads if how == "first" and line_no < h <= line_no + FAULT_SPAN]
+        if first_heads:
+            start = first_heads[0]
+            after = [f for f in self.frames if start < f[0] <= start + FAULT_SPAN and f[1] is not None]
+            if after:
+                ln, lib, path = after[0]
+                return lib, f"crash stack frame on line {ln} ({path})"
+        return None
 
     def to_dict(self) -> dict:
         era = self.era()
@@ -268,8 +334,18 @@ class LogScanner:
                 ev.counts["error"] += 1
                 return
             self._block = None
+        if 'File "' in line:
+            fm = _FRAME.search(line)
+            if fm:
+                ev.frames.append((no, frame_library(fm.group("path")), fm.group("path")))
+                ev.counts["other"] += 1
+                return
+        if "most recent call first" in line:
+            ev.stack_heads.append((no, "first"))
         got = classify(line)
         if got is not None:
+            if got.kind in ("traceback", "scheduler_exception") and "most recent call last" in line:
+                ev.stack_heads.append((no, "last"))
             self._error(line, no, prefix, got)
             return
         ev.counts["other"] += 1
