@@ -388,9 +388,19 @@ def check(
             render_statistics(formats.statistics([{"findings": [f.to_dict() for f in report.findings]}]), out)
     if kernel_result is not None:
         raise typer.Exit(cli_kernel.check_kernel_exit_code(report.legal, kernel_result, exit_zero))
+    if report.verdict == "not_modelled":
+        raise typer.Exit(not_modelled_exit(report, output))
     if strict_provenance and report.rests_on_read_facts:
         raise typer.Exit(strict_provenance_exit(report, output))
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
+
+
+def not_modelled_exit(report, output: Output) -> int:
+    """A step on a path the profiles do not model: its report is written as any other, then the one
+    line on stderr (``error: FIELD: not modelled: ...``, with where the engine's source says so); exit 2."""
+    e = report.refusal()
+    print(f"error: {clean(' '.join(str(e).split()))} ({clean(e.source or '')})", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def strict_provenance_exit(report, output: Output) -> int:

@@ -60,6 +60,20 @@ class BatchPlan:
     slots: Any = None
     profiles: tuple = ()
     rows_only: bool = False     # only rules that read rows and the configuration run: no per-row lengths
+    # per step path the profiles do not model (the engine runs another kernel for this step): one
+    # record each (``profile``, ``path``, ``why``, ``field``, ``source``, ...); a step with one is
+    # judged "not modelled", never legal
+    unmodelled: list = field(default_factory=list)
+    probe: bool = False         # a bounds probe: the modelled path's calls are derived for every step
+
+    @property
+    def quiet_rules(self) -> frozenset | None:
+        """The batch rules that do not run on this plan: on a step with a path not modelled, those
+        that read the step's rows, schedule or per-row lengths (they describe the modelled path)."""
+        if not self.unmodelled:
+            return None
+        from ..legality.ruleset import rules_for
+        return frozenset(r.code for r in rules_for("batch", "flashmla") if r.reads & {"rows", "schedule", "lengths"})
 
     def fact_scope(self) -> tuple | None:
         """Where the engine rules' facts live: the first profile's record with its version's entry."""
@@ -103,7 +117,8 @@ class Profile:
         """The bounds the configuration puts on the quantities this profile provides, as the profile
         knows them (``max_rows``, ``threshold``; ``max_slot``; ``row_modes``: the forward modes
         whose query rows are what ``max_rows`` bounds, when the limit is on another count in the
-        others). :mod:`validate_batch.legality.bounds` verifies them against the rules and searches when they disagree."""
+        others; ``unmodelled``: ``(modes, max_rows)`` spans of steps that run a path the profile
+        does not model, ``max_rows`` None for any rows). :mod:`validate_batch.legality.bounds` verifies them against the rules and searches when they disagree."""
         return {}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
