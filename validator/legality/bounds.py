@@ -33,18 +33,20 @@ COVERED = frozenset({"config", "rows", "slots", "schedule"})
 
 @dataclass(frozen=True)
 class RowRule:
-    """Legality of a step from its request rows alone: ``0 < rows + merged <= max_rows``, or, when
-    the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate)."""
+    """Legality of a step from its request rows alone: ``min_rows <= rows + merged <= max_rows``, or,
+    when the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate).
+    ``min_rows`` is 1 unless steps of fewer rows run a path not modelled (they are not legal)."""
 
     max_rows: int
     threshold: int | None
     merged: int
+    min_rows: int = 1
 
     def __call__(self, rows: int) -> bool:
         t = rows + self.merged
         if t <= 0:
             return False
-        return t <= self.max_rows or (self.threshold is not None and t > self.threshold)
+        return self.min_rows <= t <= self.max_rows or (self.threshold is not None and t > self.threshold)
 
 
 @dataclass(frozen=True)
@@ -138,10 +140,14 @@ class StepBounds:
             return None
         if self.row_modes is not None and mode not in self.row_modes:
             return None
-        if self.mode_unmodelled(mode):     # some row counts of this mode are not modelled: check each step in full
-            return None
+        low = 1
+        spans = [top for modes, top in self.unmodelled if mode in modes]
+        if spans:       # steps of 1..top rows are not modelled: legal runs start above them
+            if None in spans or (mode.is_routable() and self.threshold is not None):
+                return None
+            low = max(spans) + 1
         thr = self.threshold if (mode.is_routable() and self.routed_ok) else None
-        return RowRule(self.max_rows, thr, merged)
+        return RowRule(self.max_rows, thr, merged, low)
 
 
 def probe_step(batch: Batch) -> Batch:
