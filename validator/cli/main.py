@@ -259,8 +259,10 @@ def check(
     output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
     as_written: bool = typer.Option(False, "--as-written", help="Judge an engine batch as one step, as written, even where the engine's chunked prefill would cut it into several steps (the default judges those steps and shows both)."),
 ):
-    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input, 5 (with
-    --strict-provenance) the verdict rests on a fact read from source or a binary, not measured.
+    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input or a step the
+    engine runs on a kernel the profile does not model ("not modelled": the report says which, stderr
+    one line), 5 (with --strict-provenance) the verdict rests on a fact read from source or a binary,
+    not measured.
 
     With --kernel: 1 also when the kernel disagrees, 3 when the batch is legal but the kernel could not
     confirm it (kernel mode unavailable, or every call inconclusive).
@@ -437,7 +439,13 @@ def filter_findings(report, select: list[str], ignore: list[str]) -> None:
 
 
 def report_unit(name: str, report) -> dict:
-    """A checked file as a unit of the CI formats."""
+    """A checked file as a unit of the CI formats (a step on a path not modelled is a bad-input unit, as a
+    configuration refused as not modelled is)."""
+    if report.verdict == "not_modelled":
+        e = report.refusal()
+        unit = formats.bad_input_unit(name, e)
+        unit["error"] = f"{unit['error']} ({e.source})" if e.source else unit["error"]
+        return unit
     return {"file": name, "name": name, "status": "legal" if report.legal else "illegal",
             "findings": [f.to_dict() for f in report.findings], "error": None}
 

@@ -66,15 +66,6 @@ class BatchPlan:
     unmodelled: list = field(default_factory=list)
     probe: bool = False         # a bounds probe: the modelled path's calls are derived for every step
 
-    @property
-    def quiet_rules(self) -> frozenset | None:
-        """The batch rules that do not run on this plan: on a step with a path not modelled, those
-        that read the step's rows, schedule or per-row lengths (they describe the modelled path)."""
-        if not self.unmodelled:
-            return None
-        from ..legality.ruleset import rules_for
-        return frozenset(r.code for r in rules_for("batch", "flashmla") if r.reads & {"rows", "schedule", "lengths"})
-
     def fact_scope(self) -> tuple | None:
         """Where the engine rules' facts live: the first profile's record with its version's entry."""
         if not self.versions:

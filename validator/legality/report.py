@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping
 
+from ..errors import NotModelled
 from ..facts.provenance import summary as provenance_summary
 from .finding import SEVERITIES, Finding  # noqa: F401 (re-exported: a report's findings)
 from .registry import verdict_facts
@@ -140,7 +141,6 @@ class Report:
         """The :class:`~validate_batch.errors.NotModelled` of a step on an unmodelled path (None otherwise)."""
         if not self.not_modelled:
             return None
-        from ..errors import NotModelled
         r = self.not_modelled[0]
         e = NotModelled(r["field"], r["path"], r["why"])
         e.source, e.report = r.get("source"), self
