@@ -172,3 +172,32 @@ def test_the_cli_says_not_modelled_with_the_source(tmp_path):
     f.write_text(json.dumps(doc(8, "0.5.22")), encoding="utf-8")
     res = runner.invoke(app, ["check", str(f)])
     assert res.exit_code == 2 and "NOT MODELLED" in res.stdout
+
+
+def test_corpus_mode_lists_a_step_not_modelled_as_bad_input(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps(doc(8, "0.5.23")), encoding="utf-8")
+    (tmp_path / "b.json").write_text(json.dumps(doc(41, "0.5.23")), encoding="utf-8")
+    res = runner.invoke(app, ["check", str(tmp_path), "--json"])
+    assert res.exit_code == 2
+    files = {f["file"].rsplit("/", 1)[-1]: f for f in json.loads(res.stdout)["files"]}
+    assert files["a.json"]["status"] == "bad_input" and "not modelled" in files["a.json"]["error"]
+    assert files["a.json"]["report"]["verdict"] == "not_modelled"
+    assert files["b.json"]["status"] == "legal"
+
+
+def test_the_pytest_helpers_do_not_take_not_modelled_for_illegal():
+    from validate_batch.pytest_plugin import assert_batch_illegal, assert_batch_legal
+    for helper in (assert_batch_legal, assert_batch_illegal):
+        with pytest.raises(pytest.fail.Exception, match="NOT MODELLED"):
+            helper(doc(8, "0.5.23"))
+
+
+def test_every_chunk_step_of_a_context_parallel_extend_says_not_modelled():
+    # 0.5.12 has no routing: a context-parallel extend is not modelled whatever its rows
+    d = {"engine": "sglang-dsv4@0.5.12", "gpu": "H200", "forward_mode": "extend",
+         "server_args": {"chunked_prefill_size": 4096, "enable_nsa_prefill_context_parallel": True},
+         "requests": [{"id": "a", "extend_tokens": 9000}]}
+    r = validate_batch.check(d)
+    steps = r.context["engine_steps"]["steps"]
+    assert len(steps) == 3 and all(st.get("verdict") == "not_modelled" for st in steps)
+    assert r.verdict == "not_modelled"

@@ -569,6 +569,8 @@ def across(run, report, payload) -> list[dict]:
             outcome = "legal, falls back (slow)" if "FMLA015" in warnings else "legal"
         elif errors == ["FMLA013"]:
             outcome = "cannot run on this GPU"
+        elif rep.verdict == "not_modelled":
+            outcome = "not modelled"
         else:
             outcome = "illegal"
         rows.append({"build": name, "legal": rep.legal, "errors": errors, "warnings": warnings, "outcome": outcome,

@@ -117,7 +117,9 @@ def check_engine_steps(b: Batch, steps: list, build: str | None = None, split: b
     setup = engine_setup(b, build)
     reports = [check_engine_batch(st.batch, build=build, split=split, setup=setup) for st in steps]
     rows = [r.context.get("query_rows") for r in reports]
-    shown = next((i for i, r in enumerate(reports) if not r.legal), None)
+    shown = next((i for i, r in enumerate(reports) if r.errors), None)       # an illegal step first,
+    if shown is None:
+        shown = next((i for i, r in enumerate(reports) if not r.legal), None)  # else one not modelled
     if shown is None:
         shown = max(range(len(reports)), key=lambda i: rows[i] or 0)
     whole = check_engine_batch(b, build=build, split=False, setup=setup)
