@@ -65,6 +65,11 @@ def documents(tmp_path_factory) -> list[dict]:
     chunked = validate_batch.check({"engine": "sglang-dsv4", "server_args": {"chunked_prefill_size": 4096},
                                "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 12000}]})
     docs.append(chunked.document("validate-batch/report/1"))
+    # a step on a path not modelled (SGLang 0.5.23's small-batch SM100 decode kernel)
+    docs.append(validate_batch.check({"engine": "sglang-dsv4@0.5.23", "gpu": "B200", "forward_mode": "decode",
+                                      "model": {"model_type": "deepseek_v41", "num_attention_heads": 128},
+                                      "server_args": {"tp_size": 8}, "requests": [{"id": "d", "seq_len": 300}]})
+                .document("validate-batch/report/1"))
     docs.append(invoke(["check", ORACLE / "flashmla_h200_probes.jsonl", "--json"]))
     docs.append(invoke(["check", "--example", "pd-decode-slot-96", "--json", "--reproduce", "--across-builds",
                         "--statistics"]))

@@ -321,7 +321,9 @@ def test_the_probe_at_the_precompute_sizes_matches_the_releases(parts):
     ({"tp_size": 8, "dsv4_attn_backend": "flashmla_mega"}, None, True),
 ])
 def test_0523_auto_backend_resolution_edges(sa, env, mega):
-    d = doc(10, "0.5.23", sa=sa, env=env)
+    # 41 rows: above the 40 of the engine's small-batch decode kernel, so the flashmla backend's
+    # step runs FlashMLA (tests/test_sglang_unmodelled_steps.py has the steps below)
+    d = doc(41, "0.5.23", sa=sa, env=env)
     d["server_args"] = sa                               # exactly these settings
     if mega:
         with pytest.raises(NotModelled, match="MegaAttention"):
@@ -341,7 +343,7 @@ def test_trtllm_and_sm120_are_not_modelled_in_every_release():
             validate_batch.check(doc(10, version, sa={"dsv4_attn_backend": "trtllm"}))
         with pytest.raises(NotModelled, match="sm120"):
             validate_batch.check(doc(10, version, gpu=SM120))
-        assert validate_batch.check(doc(10, version)).legal            # B200 (SM100), flashmla: modelled
+        assert validate_batch.check(doc(41, version)).legal            # B200 (SM100), flashmla, 41 rows: modelled
     assert validate_batch.check(doc(10, "0.5.22", gpu={**SM120, "cc": [10, 0], "num_sms": 148})).legal
 
 
@@ -351,7 +353,7 @@ def test_the_cli_says_not_modelled_and_exits_2(tmp_path):
     res = runner.invoke(app, ["check", str(f)])
     assert res.exit_code == 2, res.output
     assert "not modelled" in res.output and "flashmla_mega" in res.output
-    f.write_text(json.dumps(doc(8, "0.5.23")), encoding="utf-8")            # attention TP 8: flashmla
+    f.write_text(json.dumps(doc(41, "0.5.23")), encoding="utf-8")           # attention TP 8: flashmla
     assert runner.invoke(app, ["check", str(f)]).exit_code == 0
 
 

@@ -205,6 +205,103 @@ def test_late_layer_tails_are_the_wheels(release):
         assert tails["default_on_models"] == []
 
 
+SMALL_DECODE = "sglang/kernels/ops/attention/dsv4/decode_attention_sm100.py"
+
+
+def unmodelled_step(kind: str) -> dict:
+    return load("engines")["profiles"]["sglang-dsv4"]["unmodelled_steps"][kind]
+
+
+def small_decode_span(release: str) -> dict | None:
+    """The data's release entry of the engine's small-batch decode kernel for ``release`` (None: none)."""
+    from validate_batch.engines.dsv4 import _span_for
+    return _span_for(unmodelled_step("small_decode"), release)
+
+
+def _constants(tree: ast.AST) -> dict:
+    """Module-level ``NAME = <int>`` assignments."""
+    out = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Constant) and isinstance(node.value.value, int)):
+            out[node.targets[0].id] = node.value.value
+    return out
+
+
+def _gate(tree: ast.AST) -> ast.If | None:
+    """The ``if`` of the backend whose test calls ``can_use_swapab_attention`` (None: there is none)."""
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.If) and any(
+        isinstance(c, ast.Call) and getattr(c.func, "id", None) == "can_use_swapab_attention" for c in ast.walk(n.test))),
+        None)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_the_small_decode_kernel_gate_is_the_wheels(release):
+    zf = need("sglang", release)
+    gate = _gate(ast.parse(text(zf, BACKEND)))
+    span = small_decode_span(release)
+    spec = unmodelled_step("small_decode")
+    assert (gate is None) == (span is None), release
+    if gate is None:
+        return
+    test = ast.unparse(gate.test)
+    # a DeepSeek-V4.1 model on SM100 (capability major 10) in a decode, verify or DRAFT_EXTEND_V2 forward
+    assert "self.is_dsv41" in test and "get_platform().is_sm100" in test
+    assert spec["models"] == ["deepseek_v41"] and spec["cc_majors"] == [10]
+    got = {m for m, name in (("decode", "is_decode()"), ("target_verify", "is_target_verify()"),
+                             ("draft_extend", "is_draft_extend_v2()")) if f"forward_mode.{name}" in test}
+    assert got == set(spec["modes"])
+    ret = gate.body[-1]
+    assert isinstance(ret, ast.Return) and ast.unparse(ret.value).startswith("swapab_attention(")
+    assert f"deepseek_v4_backend.py:{gate.lineno}-{ret.end_lineno}" in span["lines"]
+    kern = ast.parse(text(zf, SMALL_DECODE))
+    consts = _constants(kern)
+    fn = next(n for n in kern.body if isinstance(n, ast.FunctionDef) and n.name == "can_use_swapab_attention")
+    cond = ast.unparse(fn.body[-1].value)
+    rows = re.search(r"0 < q\.shape\[0\] <= (\w+)", cond).group(1)
+    # the cited lines hold the constants the gate reads and the gate itself
+    lo, hi, f0, f1 = map(int, re.search(r"decode_attention_sm100\.py:(\d+)-(\d+), :(\d+)-(\d+)", span["lines"]).groups())
+    where = {n.targets[0].id: n.lineno for n in kern.body if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)}
+    assert all(lo <= where[k] <= hi for k in ("LAYOUT", rows, "NUM_HEADS")) and (f0, f1) == (fn.lineno, fn.end_lineno)
+    assert consts[rows] == span["max_rows"]
+    heads = re.search(r"num_heads (==|in) (\(.*?\)|\w+)", cond)
+    allowed = eval(heads.group(2), {}, dict(consts))          # names and products of the module's int constants
+    assert sorted(allowed if isinstance(allowed, tuple) else (allowed,)) == span["heads_per_rank"]
+    # the caches must be V4's (584 bytes a token): the layout setting's default is v4
+    assert re.search(r"^LAYOUT = KVLayout\.V4$", text(zf, SMALL_DECODE), re.M)
+    assert "kv.shape[-1] == LAYOUT.bytes_per_token" in cond
+    default = re.search(r"^\s*SGLANG_DSV4_KV_LAYOUT = EnvStr\(\"(\w+)\"\)", text(zf, ENVIRON), re.M).group(1)
+    assert default == spec["kv_layout_default"] and default in span["kv_layouts"]
+
+
+def _server_arg_text(zf: zipfile.ZipFile) -> str:
+    return "".join(zf.read(n).decode("utf-8") for n in zf.namelist()
+                   if n == "sglang/srt/server_args.py" or (n.startswith("sglang/srt/arg_groups/") and n.endswith(".py")))
+
+
+CP_SETTINGS = ("enable_prefill_cp", "enable_dsa_prefill_context_parallel", "enable_nsa_prefill_context_parallel")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_context_parallel_reindexing_is_the_wheels(release):
+    from validate_batch.engines.dsv4 import _span_for
+    zf = need("sglang", release)
+    spec = unmodelled_step("context_parallel_extend")
+    fn = next((n for n in ast.walk(ast.parse(text(zf, BACKEND)))
+               if isinstance(n, ast.FunctionDef) and n.name == "apply_cp_reindex"), None)
+    span = _span_for(spec, release)
+    assert (fn is None) == (span is None), release
+    if fn is None:
+        return
+    assert spec["reindex_lines"][release] == f"{fn.lineno}-{fn.end_lineno}"
+    src = ast.unparse(fn)
+    assert "cp_rank" in src and "cp_size" in src and "slice(cp_rank, None, cp_size)" in src   # this rank's rows
+    fields = _server_arg_text(zf)
+    have = [n for n in CP_SETTINGS if re.search(rf"^\s+{n}\s*:", fields, re.M)]
+    assert sorted(have) == sorted(span["settings"]), release
+    assert re.search(rf"^\s+{spec['width_setting']}\s*:", fields, re.M)
+
+
 # --------------------------------------------------------------------------- sglang-kernel binaries
 KERNEL_BUILDS = {k: b for k, b in load("flashmla")["builds"].items() if k.startswith("sglang-kernel-")}
 COMBINE = re.compile(rb"flash_fwd_mla_combine_kernelIN7cutlass10bfloat16_tELi512ELi8ELi(\d+)ELi256E")

@@ -190,32 +190,70 @@ CP = {"enable_prefill_cp": True}
 V41 = {"model_type": "deepseek_v41"}
 
 
-@pytest.mark.parametrize("release", ["0.5.13", "0.5.14"])
-def test_context_parallelism_changes_nothing_before_0515(release):
-    assert [routed(doc([r], release, server_args=CP)) for r in (THRESHOLD, THRESHOLD + 1)] == [False, True]
+def switch(d) -> bool | None:
+    """The sparse-prefill switch the release's data sets for this configuration (the engine's hook)."""
+    from validate_batch.engines.dsv4 import sparse_prefill_switch
+    b = parse_batch(d)
+    return sparse_prefill_switch(b, resolve_version("sglang-dsv4", b.profiles[0][1]))
+
+
+def excluded(d) -> str | None:
+    from validate_batch.engines.dsv4 import sparse_prefill_excluded
+    b = parse_batch(d)
+    return sparse_prefill_excluded(b, resolve_version("sglang-dsv4", b.profiles[0][1]))
+
+
+def cp_refused(d) -> bool:
+    """The step is judged not modelled, naming context-parallel prefill (its rows per CP rank are not counted)."""
+    r = validate_batch.check(d)
+    return r.verdict == "not_modelled" and "context-parallel" in r.not_modelled[0]["path"]
+
+
+# the setting that turns prefill context parallelism on, per release (each wheel's server-argument fields)
+CP_SETTING = {"0.5.12": "enable_nsa_prefill_context_parallel", "0.5.13": "enable_dsa_prefill_context_parallel",
+              "0.5.13.post1": "enable_dsa_prefill_context_parallel", "0.5.14": "enable_prefill_cp",
+              "0.5.19": "enable_dsa_prefill_context_parallel", "0.5.20": "enable_prefill_cp", "0.5.23": "enable_prefill_cp"}
+NOT_READ = {"0.5.12": "enable_prefill_cp", "0.5.13.post1": "enable_prefill_cp", "0.5.20": "enable_dsa_prefill_context_parallel"}
+
+
+@pytest.mark.parametrize("release", sorted(CP_SETTING, key=release_key))
+def test_a_context_parallel_extend_is_not_modelled(release):
+    # every release's DeepSeek-V4 metadata keeps only this CP rank's rows (apply_cp_reindex): the
+    # rows a rank runs are not the forward's
+    on = {CP_SETTING[release]: True}
+    for rows in (100, THRESHOLD, THRESHOLD + 1, 20000):
+        assert cp_refused(doc([rows], release, server_args=on)), (release, rows)
+        assert not cp_refused(doc([rows], release, server_args={**on, "attn_cp_size": 1})), (release, rows)
+    assert not cp_refused(doc([100], release))
+    # context parallelism is for prefill: a decode step is modelled as usual
+    assert validate_batch.check({**doc([], release, server_args=on), "forward_mode": "decode",
+                                 "requests": [{"id": "d", "seq_len": 300}]}).verdict == "legal"
+
+
+@pytest.mark.parametrize("release", sorted(NOT_READ, key=release_key))
+def test_a_setting_the_release_does_not_have_turns_nothing_on(release):
+    d = doc([THRESHOLD + 1], release, server_args={NOT_READ[release]: True})
+    assert not cp_refused(d) and validate_batch.check(d).verdict in ("legal", "illegal")
 
 
 @pytest.mark.parametrize("release", ["0.5.15", "0.5.20"])
 def test_context_parallelism_turns_the_switch_off_0515_to_0520(release):
-    assert routed(doc([100], release)) and not routed(doc([100], release, server_args=CP))
-    assert not routed(doc([100], release, server_args=CP, model=V41))
-    assert [routed(doc([r], release, server_args=CP)) for r in (THRESHOLD, THRESHOLD + 1)] == [False, True]
+    assert switch(doc([100], release)) is True and switch(doc([100], release, server_args=CP)) is False
+    assert switch(doc([100], release, server_args=CP, model=V41)) is False
+    assert excluded(doc([100], release, server_args=CP)) is None
 
 
 def test_from_0521_the_switch_stays_on_for_v41_under_context_parallelism():
-    assert routed(doc([100], "0.5.21", server_args=CP, model=V41))
-    assert not routed(doc([100], "0.5.21", server_args=CP))
-    assert routed(doc([THRESHOLD + 1], "0.5.21", server_args=CP))
+    assert switch(doc([100], "0.5.21", server_args=CP, model=V41)) is True
+    assert switch(doc([100], "0.5.21", server_args=CP)) is False
+    assert excluded(doc([THRESHOLD + 1], "0.5.21", server_args=CP)) is None
 
 
 @pytest.mark.parametrize("release", ["0.5.22", "0.5.23"])
 def test_from_0522_a_context_parallel_extend_never_takes_sparse_prefill(release):
     for model in (None, V41):
-        assert not routed(doc([THRESHOLD + 1], release, server_args=CP, model=model))
-        assert not routed(doc([100], release, server_args=CP, model=model))
-    assert routed(doc([100], release))
-    bp = plan_batch(parse_batch(doc([20000], release, server_args=CP)))
-    assert "context-parallel" in bp.routing["excluded"] and "context-parallel" in bp.routing["reason"]
+        assert "context-parallel" in excluded(doc([THRESHOLD + 1], release, server_args=CP, model=model))
+    assert excluded(doc([100], release)) is None and routed(doc([100], release))
 
 
 # --------------------------------------------------------------------------- kernel builds per release

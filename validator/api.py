@@ -94,9 +94,12 @@ def check(obj: Any, gpu: Any = None, build: str | None = None, *, kernel: str | 
 
 def assert_legal(obj: Any, gpu: Any = None, build: str | None = None, *, kernel: str | None = None,
                  **kwargs) -> Report:
-    """Like :func:`check`, but raise :class:`BatchIllegalError` (with findings and safe split) if illegal."""
+    """Like :func:`check`, but raise :class:`BatchIllegalError` (with findings and safe split) if illegal,
+    :class:`NotModelled` if the step runs a path the profiles do not model (and breaks no modelled limit)."""
     report = check(obj, gpu=gpu, build=build_name(build, kernel), **kwargs)
     if not report.legal:
+        if report.verdict == "not_modelled":
+            raise report.refusal()
         raise BatchIllegalError(report)
     return report
 

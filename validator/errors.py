@@ -21,6 +21,10 @@ class NotModelled(InputError):
     the wrong path's limits. ``path`` names what the engine runs instead; the CLI prints the one
     line and exits with status 2, like any input that cannot be checked."""
 
+    #: for a step (not a configuration) on such a path: where the engine's source says so, and the step's report
+    source: str | None = None
+    report = None
+
     def __init__(self, field: str, path: str, why: str):
         self.path = path
         super().__init__(field, f"not modelled: {why}: the engine runs {path}, which this profile does not model")

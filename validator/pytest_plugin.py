@@ -88,6 +88,8 @@ def assert_batch_illegal(batch: Any, *codes: str, as_written: bool | None = None
     report = _report(batch, _checker(**engine), as_written)
     if report.legal:
         pytest.fail(_legal_message(report))
+    if report.verdict == "not_modelled":        # not legal, but not known to be illegal either
+        pytest.fail(failure_message(report))
     missing = sorted(set(c.upper() for c in codes) - {f.code for f in report.errors})
     if missing:
         pytest.fail(f"expected rule(s) {', '.join(missing)} to be broken; got:\n{failure_message(report)}")

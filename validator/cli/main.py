@@ -259,8 +259,10 @@ def check(
     output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
     as_written: bool = typer.Option(False, "--as-written", help="Judge an engine batch as one step, as written, even where the engine's chunked prefill would cut it into several steps (the default judges those steps and shows both)."),
 ):
-    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input, 5 (with
-    --strict-provenance) the verdict rests on a fact read from source or a binary, not measured.
+    """Verdict for kernel calls or an engine batch. Exit 0 legal, 1 illegal, 2 bad input or a step the
+    engine runs on a kernel the profile does not model ("not modelled": the report says which, stderr
+    one line), 5 (with --strict-provenance) the verdict rests on a fact read from source or a binary,
+    not measured.
 
     With --kernel: 1 also when the kernel disagrees, 3 when the batch is legal but the kernel could not
     confirm it (kernel mode unavailable, or every call inconclusive).
@@ -388,9 +390,19 @@ def check(
             render_statistics(formats.statistics([{"findings": [f.to_dict() for f in report.findings]}]), out)
     if kernel_result is not None:
         raise typer.Exit(cli_kernel.check_kernel_exit_code(report.legal, kernel_result, exit_zero))
+    if report.verdict == "not_modelled":
+        raise typer.Exit(not_modelled_exit(report, output))
     if strict_provenance and report.rests_on_read_facts:
         raise typer.Exit(strict_provenance_exit(report, output))
     raise typer.Exit(EXIT_LEGAL if report.legal or exit_zero else EXIT_ILLEGAL)
+
+
+def not_modelled_exit(report, output: Output) -> int:
+    """A step on a path the profiles do not model: its report is written as any other, then the one
+    line on stderr (``error: FIELD: not modelled: ...``, with where the engine's source says so); exit 2."""
+    e = report.refusal()
+    print(f"error: {clean(' '.join(str(e).split()))} ({clean(e.source or '')})", file=sys.stderr)
+    return EXIT_BAD_INPUT
 
 
 def strict_provenance_exit(report, output: Output) -> int:
@@ -427,7 +439,13 @@ def filter_findings(report, select: list[str], ignore: list[str]) -> None:
 
 
 def report_unit(name: str, report) -> dict:
-    """A checked file as a unit of the CI formats."""
+    """A checked file as a unit of the CI formats (a step on a path not modelled is a bad-input unit, as a
+    configuration refused as not modelled is)."""
+    if report.verdict == "not_modelled":
+        e = report.refusal()
+        unit = formats.bad_input_unit(name, e)
+        unit["error"] = f"{unit['error']} ({e.source})" if e.source else unit["error"]
+        return unit
     return {"file": name, "name": name, "status": "legal" if report.legal else "illegal",
             "findings": [f.to_dict() for f in report.findings], "error": None}
 
@@ -551,6 +569,8 @@ def across(run, report, payload) -> list[dict]:
             outcome = "legal, falls back (slow)" if "FMLA015" in warnings else "legal"
         elif errors == ["FMLA013"]:
             outcome = "cannot run on this GPU"
+        elif rep.verdict == "not_modelled":
+            outcome = "not modelled"
         else:
             outcome = "illegal"
         rows.append({"build": name, "legal": rep.legal, "errors": errors, "warnings": warnings, "outcome": outcome,

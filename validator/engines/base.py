@@ -60,6 +60,11 @@ class BatchPlan:
     slots: Any = None
     profiles: tuple = ()
     rows_only: bool = False     # only rules that read rows and the configuration run: no per-row lengths
+    # per step path the profiles do not model (the engine runs another kernel for this step): one
+    # record each (``profile``, ``path``, ``why``, ``field``, ``source``, ...); a step with one is
+    # judged "not modelled", never legal
+    unmodelled: list = field(default_factory=list)
+    probe: bool = False         # a bounds probe: the modelled path's calls are derived for every step
 
     def fact_scope(self) -> tuple | None:
         """Where the engine rules' facts live: the first profile's record with its version's entry."""
@@ -103,7 +108,8 @@ class Profile:
         """The bounds the configuration puts on the quantities this profile provides, as the profile
         knows them (``max_rows``, ``threshold``; ``max_slot``; ``row_modes``: the forward modes
         whose query rows are what ``max_rows`` bounds, when the limit is on another count in the
-        others). :mod:`validate_batch.legality.bounds` verifies them against the rules and searches when they disagree."""
+        others; ``unmodelled``: ``(modes, max_rows)`` spans of steps that run a path the profile
+        does not model, ``max_rows`` None for any rows). :mod:`validate_batch.legality.bounds` verifies them against the rules and searches when they disagree."""
         return {}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:

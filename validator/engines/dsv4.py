@@ -6,7 +6,7 @@ have the routing. Provides the ``rows`` quantity (counted by :mod:`validate_batc
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -144,6 +144,9 @@ class Dsv4Setup:
     use_legacy: bool | None = None
     precompute: tuple | None = None    # (data, num_sm_parts) when the engine computes the schedule
     excluded: str | None = None        # why no extend goes to sparse prefill in this configuration (None: routing applies)
+    # steps of this configuration that run a path the profile does not model: per span, the modes,
+    # the most rows it takes (None: any rows) and its record (see :func:`unmodelled_steps`)
+    unmodelled: tuple = ()
 
 
 def _precompute_data(release: str) -> dict:
@@ -288,6 +291,78 @@ def unmodelled_path(batch: Batch, version: dict) -> NotModelled | None:
     return NotModelled(f"server_args.{ab['setting']}", path, how)
 
 
+def _release(version: dict) -> str | None:
+    """The release a resolved version stands for (None: an entry that names none)."""
+    return version.get("matched_release") or version.get("release") or version.get("min_release")
+
+
+def attention_tp(batch: Batch) -> int:
+    """The attention tensor-parallel width: ``tp_size`` over the attention context- and data-parallel widths."""
+    tp = int(batch.arg("tp_size", 1) or 1)
+    cp = int(batch.arg("attn_cp_size", 1) or 1)
+    return max(tp // max(cp * batch.attn_dp_size(), 1), 1)
+
+
+def _span_for(spec: dict, rel: str | None) -> dict | None:
+    """The release entry of a step spec whose range holds ``rel`` (None: none does)."""
+    if rel is None:
+        return None
+    key = release_tuple(rel)
+    for r in spec.get("releases", [spec]):
+        lo, hi = r.get("min_release"), r.get("max_release")
+        if (lo is None or key >= release_tuple(lo)) and (hi is None or key <= release_tuple(hi)):
+            return r
+    return None
+
+
+def unmodelled_steps(batch: Batch, version: dict) -> tuple:
+    """The steps of this configuration that run a path the profile does not model, as spans
+    ``(modes, max_rows, record)``: a step of one of ``modes`` with ``1..max_rows`` query rows
+    (``max_rows`` None: any rows) is judged "not modelled" with ``record`` (``path``, ``why``,
+    ``field``, ``source``, ``release``). Which steps reach them depends on the step, so the
+    configuration itself is checked as usual (``rules/engines.json`` ``unmodelled_steps``)."""
+    spec = _data().get("unmodelled_steps") or {}
+    rel = _release(version)
+    out = []
+    small = spec.get("small_decode")
+    span = _span_for(small, rel) if small is not None else None
+    if (span is not None and batch.model.get("model_type") in small["models"]
+            and batch.gpu.cc[0] in small["cc_majors"]):
+        layout = str(batch.arg(small["kv_layout_setting"]) or small["kv_layout_default"]).lower()
+        heads = batch.model.get(small["heads_setting"])
+        real = None if heads is None else positive_int(heads, f"model.{small['heads_setting']}") // attention_tp(batch)
+        if layout in span["kv_layouts"] and (real is None or real in span["heads_per_rank"]):
+            allowed = " or ".join(map(str, span["heads_per_rank"]))
+            per = (f"{real} query heads per attention rank" if real is not None else
+                   f"model.{small['heads_setting']} not given, so the heads per attention rank (the kernel takes "
+                   f"{allowed}) are not known")
+            why = (f"a {'/'.join(small['modes'])} step of 1..{span['max_rows']} query rows of {batch.model['model_type']} "
+                   f"on {batch.gpu.name} (SM{batch.gpu.cc[0]}{batch.gpu.cc[1]}) with the {layout} KV layout and {per}")
+            out.append((frozenset(small["modes"]), int(span["max_rows"]),
+                        (("path", small["path"]), ("why", why), ("field", "forward_mode"),
+                         ("source", f"sglang {rel} {span['lines']}"), ("release", rel), ("kind", "small_decode"))))
+    cp = spec.get("context_parallel_extend")
+    cp_span = _span_for(cp, rel) if cp is not None else None
+    on = next((n for n in cp_span["settings"] if batch.arg(n, False)), None) if cp_span is not None else None
+    if on is not None and int(batch.arg(cp["width_setting"], 0) or 0) != 1:
+        width = batch.arg(cp["width_setting"])
+        why = f"an extend step under {on} ({cp['width_setting']} {width if width is not None else 'not given'})"
+        out.append((frozenset(cp["modes"]), None,
+                    (("path", cp["path"]), ("why", why), ("field", f"server_args.{on}"),
+                     ("source", f"sglang {rel} srt/layers/attention/deepseek_v4_backend.py:"
+                                f"{cp['reindex_lines'].get(rel, '?')} (apply_cp_reindex)"),
+                     ("release", rel), ("kind", "context_parallel_extend"))))
+    return tuple(out)
+
+
+def step_unmodelled(spans: tuple, mode, rows: int) -> dict | None:
+    """The record of the first span that takes a step of ``mode`` with ``rows`` query rows (None: the step is modelled)."""
+    for modes, top, record in spans:
+        if mode in modes and 0 < rows and (top is None or rows <= top):
+            return dict(record)
+    return None
+
+
 def _auto_backend(batch: Batch, version: dict, ab: dict) -> str:
     """What ``auto`` resolves to for this configuration: the release's rule when it has one."""
     auto = ab["auto"]
@@ -374,10 +449,12 @@ class Dsv4Profile(Profile):
         ctx = int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"])
         h_q = heads_per_rank(batch, dflt)
         layout, use_legacy = kv_layout(batch, version)
-        return _setup(batch.gpu, build, h_q, ctx, version.get("sparse_prefill_threshold"), draft_tokens(batch),
-                      version_label(version), sparse_prefill_switch(batch, version),
-                      late_layer_tail_tokens(batch, version), layout, use_legacy, _precompute_runs(batch, version, h_q),
-                      sparse_prefill_excluded(batch, version) if version.get("sparse_prefill_threshold") is not None else None)
+        s = _setup(batch.gpu, build, h_q, ctx, version.get("sparse_prefill_threshold"), draft_tokens(batch),
+                   version_label(version), sparse_prefill_switch(batch, version),
+                   late_layer_tail_tokens(batch, version), layout, use_legacy, _precompute_runs(batch, version, h_q),
+                   sparse_prefill_excluded(batch, version) if version.get("sparse_prefill_threshold") is not None else None)
+        spans = unmodelled_steps(batch, version)
+        return replace(s, unmodelled=spans) if spans else s
 
     def derive(self, batch: Batch, version: dict, setup: Dsv4Setup, bp: BatchPlan, build: str | None,
                memo=None) -> None:
@@ -388,6 +465,14 @@ class Dsv4Profile(Profile):
         mode = batch.forward_mode
         routed = mode.is_routable() and threshold is not None and rows > threshold
         bp.rows, bp.row_breakdown, bp.max_rows = rows, bd, setup.max_rows
+        hit = step_unmodelled(setup.unmodelled, mode, rows) if setup.unmodelled and not bp.probe else None
+        if hit is not None:     # the engine runs another kernel for this step: no FlashMLA call is derived
+            bp.routing = {"threshold": threshold, "routed": False, "version": version["name"],
+                          "reason": f"not modelled: the engine runs {hit['path']}"}
+            if version.get("release"):
+                bp.routing["release"] = version["release"]
+            bp.unmodelled.append({"profile": NAME, **hit, "query_rows": rows})
+            return
         bp.routing = {"threshold": threshold, "routed": routed,
                       "reason": (f"{setup.excluded}: sent to flash_mla_with_kvcache" if setup.excluded and mode.is_routable()
                                  else _routing_reason(mode, rows, threshold, routed, setup.switch)),
@@ -466,7 +551,8 @@ class Dsv4Profile(Profile):
         # a late-layer tail's rows depend on how the tokens are spread over requests, not on their
         # count: routed forwards with tails take the full check
         return {"max_rows": setup.max_rows, "threshold": routing_threshold(setup),
-                "routed_by_rows": setup.tail_tokens is None}
+                "routed_by_rows": setup.tail_tokens is None,
+                "unmodelled": tuple((modes, top) for modes, top, _ in setup.unmodelled)}
 
     def prevention(self, batch: Batch, bp: BatchPlan, bounds) -> list[dict]:
         if bp.rows is None or bounds.max_rows is None:

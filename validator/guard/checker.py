@@ -30,7 +30,7 @@ from ..inputs import adapters
 from ..inputs.batch import Batch, RequestColumns, batch_from_dict, default_profile, is_batch_document
 from ..legality.bounds import derive_bounds
 from ..engines.chunking import engine_steps
-from ..errors import BatchIllegalError, InputError
+from ..errors import BatchIllegalError, InputError, NotModelled
 from ..legality.evaluate import engine_setup
 from ..facts.fields import (
     MAX_POSITION,
@@ -61,7 +61,9 @@ class Verdict:
 
     A legal verdict is the shared constant :data:`LEGAL` (nothing is allocated per step). An illegal
     one carries the full :class:`~validate_batch.legality.report.Report` of the normal path: ``findings`` (its
-    errors), ``safe_split`` and ``report``.
+    errors), ``safe_split`` and ``report``. A step that runs a path the profiles do not model is
+    falsy too, but not illegal: ``not_modelled`` names the path (and ``verdict`` says
+    ``not_modelled``); :meth:`raise_if_illegal` raises :class:`NotModelled` for it.
     """
 
     __slots__ = ("legal", "report")
@@ -94,20 +96,37 @@ class Verdict:
         return self.report.errors if self.report is not None else []
 
     @property
+    def not_modelled(self) -> tuple:
+        """The step's paths the profiles do not model (empty for a legal or an illegal step)."""
+        return self.report.not_modelled if self.report is not None else ()
+
+    @property
+    def verdict(self) -> str:
+        """``legal``, ``illegal`` or ``not_modelled``."""
+        return "legal" if self.report is None else self.report.verdict
+
+    @property
     def safe_split(self):
         return self.report.safe_split if self.report is not None else None
 
-    def error(self) -> BatchIllegalError | None:
-        """The exception :meth:`raise_if_illegal` would raise (None when legal)."""
-        return None if self.legal else BatchIllegalError(self.report)
+    def error(self) -> BatchIllegalError | NotModelled | None:
+        """The exception :meth:`raise_if_illegal` would raise (None when legal): :class:`NotModelled`
+        for a step on a path not modelled that breaks no modelled limit."""
+        if self.legal:
+            return None
+        if self.report.verdict == "not_modelled":
+            return self.report.refusal()
+        return BatchIllegalError(self.report)
 
     def raise_if_illegal(self) -> None:
         if not self.legal:
-            raise BatchIllegalError(self.report)
+            raise self.error()
 
     def __repr__(self) -> str:
         if self.legal:
             return "Verdict(legal=True)"
+        if self.report.verdict == "not_modelled":
+            return f"Verdict(legal=False, not_modelled={[r['path'] for r in self.report.not_modelled]})"
         return f"Verdict(legal=False, codes={self.report.codes})"
 
 
@@ -544,7 +563,7 @@ class Checker:
         """The fast verdict; raises :class:`BatchIllegalError` (findings, safe split, report) when illegal."""
         v = self.verdict(step, extend_lens, seq_lens, req_pool_indices, **kwargs)
         if not v.legal:
-            raise BatchIllegalError(v.report)
+            raise v.error()
         return v
 
     def _complete(self, doc: Mapping) -> dict:

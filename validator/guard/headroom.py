@@ -7,7 +7,7 @@ breaks at some number of added rows also breaks at more, below the routing thres
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..inputs.adapters import step_lists
@@ -43,11 +43,16 @@ class Headroom:
     config_ok: bool = True             # the configuration itself breaks no rule on this path
     note: str = ""
     slow_above: int | None = None      # more rows than this run the build's slow fallback scheduler (legal)
+    # steps of this mode with up to this many rows run a path not modelled (-1: any rows; None: none)
+    not_modelled_rows: int | None = None
 
     def can_add(self, rows: int) -> bool:
         """Whether the step is legal (row-wise) with ``rows`` more query rows."""
         if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
             raise InputError("rows", f"expected an integer >= 0, got {rows!r}")
+        nm = self.not_modelled_rows
+        if nm is not None and (nm < 0 or self.rows + rows <= nm):
+            return False            # not modelled: not known to be legal
         if rows == 0 or self.routed or self.max_rows is None:   # adding nothing leaves the step as it is
             return self.legal_now
         if self.config_ok and rows <= self.more_rows and self.rows + rows >= 1:
@@ -61,6 +66,33 @@ class Headroom:
 def headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: Any = None, *,
              num_requests: int | None = None, num_running_decodes: int = 0, padded_rows: int | None = None,
              prefix_lens: Any = None, req_pool_indices: Any = None) -> Headroom:
+    """How many more query rows (prefill tokens) or requests this step can take (see :func:`_headroom`).
+    Where some steps of the mode run a path the profiles do not model, such a step is not legal
+    now, and adding rows is legal only once the step leaves that path (``not_modelled_rows``)."""
+    h = _headroom(checker, step, extend_lens, seq_lens, num_requests=num_requests,
+                  num_running_decodes=num_running_decodes, padded_rows=padded_rows, prefix_lens=prefix_lens,
+                  req_pool_indices=req_pool_indices)
+    b = checker.bounds
+    spans = [top for modes, top in b.unmodelled if h.forward_mode in modes]
+    if not spans:
+        return h
+    top = -1 if None in spans else max(spans)
+    what = "every step of this mode" if top < 0 else f"a {h.forward_mode} step of 1..{top} rows"
+    note = f"{what} runs a path this profile does not model: not modelled, neither legal nor illegal"
+    inside = top < 0 or 0 < h.rows <= top
+    if inside and top >= 0:
+        note += f"; from {top + 1} rows ({top + 1 - h.rows} more) the step is judged on the modelled path"
+    changes = {"not_modelled_rows": top, "note": "; ".join(x for x in (h.note, note) if x)}
+    if inside:
+        changes.update(legal_now=False)
+        if top < 0:
+            changes.update(more_rows=0, more_requests=0, rows_to_route=None, gap=None)
+    return replace(h, **changes)
+
+
+def _headroom(checker, step: Any = "extend", extend_lens: Any = None, seq_lens: Any = None, *,
+              num_requests: int | None = None, num_running_decodes: int = 0, padded_rows: int | None = None,
+              prefix_lens: Any = None, req_pool_indices: Any = None) -> Headroom:
     """How many more query rows (prefill tokens) or requests this step can take.
 
     ``step``: a forward mode (then ``extend_lens`` / ``seq_lens`` / ``num_requests`` describe the

@@ -33,18 +33,20 @@ COVERED = frozenset({"config", "rows", "slots", "schedule"})
 
 @dataclass(frozen=True)
 class RowRule:
-    """Legality of a step from its request rows alone: ``0 < rows + merged <= max_rows``, or, when
-    the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate)."""
+    """Legality of a step from its request rows alone: ``min_rows <= rows + merged <= max_rows``, or,
+    when the forward can be routed, ``rows + merged > threshold`` too (a non-monotone predicate).
+    ``min_rows`` is 1 unless steps of fewer rows run a path not modelled (they are not legal)."""
 
     max_rows: int
     threshold: int | None
     merged: int
+    min_rows: int = 1
 
     def __call__(self, rows: int) -> bool:
         t = rows + self.merged
         if t <= 0:
             return False
-        return t <= self.max_rows or (self.threshold is not None and t > self.threshold)
+        return self.min_rows <= t <= self.max_rows or (self.threshold is not None and t > self.threshold)
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,21 @@ class StepBounds:
     slow_above: int | None = None     # above this many rows the build's scheduler falls back (legal, slow)
     routed_full: bool = False         # routed forwards are not decided by their rows (late-layer tails)
     row_modes: tuple | None = None    # the modes whose rows are what ``max_rows`` bounds (None: every mode)
+    # (modes, max_rows) spans of steps that run a path the profiles do not model (max_rows None: any
+    # rows): such a step takes the full check, whose report says "not modelled"
+    unmodelled: tuple = ()
 
     def __post_init__(self):
         # read on every step by decide (a property would cost a call there)
         object.__setattr__(self, "_sure", self.sure_rows)
+
+    def is_unmodelled(self, mode: Mode | str, rows: int) -> bool:
+        """Whether a step of ``mode`` with ``rows`` query rows runs a path the profiles do not model."""
+        return any(mode in modes and 0 < rows and (top is None or rows <= top) for modes, top in self.unmodelled)
+
+    def mode_unmodelled(self, mode: Mode | str) -> bool:
+        """Whether some step of ``mode`` runs a path the profiles do not model."""
+        return any(mode in modes for modes, _ in self.unmodelled)
 
     @property
     def complete(self) -> bool:
@@ -79,7 +92,7 @@ class StepBounds:
     def sure_rows(self) -> int:
         """1..sure_rows query rows are legal in any mode, given slots within range (0 when a rule
         needs the full check)."""
-        if not self.decode_ok or self.undecided:
+        if not self.decode_ok or self.undecided or self.unmodelled:
             return 0
         if not self.has_rows:
             return MAX_ROWS
@@ -97,6 +110,8 @@ class StepBounds:
             return True
         if not self.complete:
             return None
+        if self.unmodelled and self.is_unmodelled(mode, rows):
+            return None         # the full check says "not modelled"
         if max_slot is not None and self.max_slot is not None and (max_slot > self.max_slot or max_slot < 0):
             return False        # beyond the buffers, or -1: a request holds the reserved row 0
         if not self.has_rows:
@@ -125,8 +140,14 @@ class StepBounds:
             return None
         if self.row_modes is not None and mode not in self.row_modes:
             return None
+        low = 1
+        spans = [top for modes, top in self.unmodelled if mode in modes]
+        if spans:       # steps of 1..top rows are not modelled: legal runs start above them
+            if None in spans or (mode.is_routable() and self.threshold is not None):
+                return None
+            low = max(spans) + 1
         thr = self.threshold if (mode.is_routable() and self.routed_ok) else None
-        return RowRule(self.max_rows, thr, merged)
+        return RowRule(self.max_rows, thr, merged, low)
 
 
 def probe_step(batch: Batch) -> Batch:
@@ -150,7 +171,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, build: str | None = None) ->
     """The bounds of ``batch``'s configuration (its requests are not read)."""
     gen = revision()
     template = probe_step(batch)
-    probe = evaluate(template, build, setup=setup)
+    probe = evaluate(template, build, setup=setup, probe=True)
     bp = probe.batch_plan
     static = tuple(probe.errors)
     decode_ok = not static
@@ -173,7 +194,7 @@ def derive_bounds(batch: Batch, setup: EngineSetup, build: str | None = None) ->
             # r decode entries of length 1, held as one broadcast value (no per-row memory)
             seq = np.broadcast_to(np.int64(1), (r,))
             step = replace(template, requests=RequestColumns(r, None, None, None, seq, None, 0))
-            return evaluate(step, build, setup=setup, only=only, rows_only=True).legal
+            return evaluate(step, build, setup=setup, only=only, rows_only=True, probe=True).legal
 
         max_rows = _edge(rows_legal, hints["max_rows"], 1, MAX_ROWS)
         threshold = hints.get("threshold")
@@ -190,16 +211,16 @@ def derive_bounds(batch: Batch, setup: EngineSetup, build: str | None = None) ->
         if threshold is not None:
             routed = replace(template, forward_mode=Mode.EXTEND,
                              requests=RequestColumns(1, ["probe"], [threshold + 1], [0]))
-            routed_ok = evaluate(routed, build, setup=setup).legal
+            routed_ok = evaluate(routed, build, setup=setup, probe=True).legal
     max_slot = None
     if has_slots:
         only = _codes(lambda q: "slots" in q and q <= {"slots", "config"}, kinds)
 
         def slot_legal(s: int) -> bool:
             step = replace(template, requests=RequestColumns(1, ["probe"], None, None, [1], [s], 0))
-            return evaluate(step, build, setup=setup, only=only).legal
+            return evaluate(step, build, setup=setup, only=only, probe=True).legal
 
         max_slot = _edge(slot_legal, hints["max_slot"], 0, 1 << 31)
     return StepBounds(gen, has_rows, has_slots, max_rows, threshold, max(sched_free, 0), max_slot, decode_ok,
                       routed_ok, static, undecided, slow_above, has_rows and not hints.get("routed_by_rows", True),
-                      hints.get("row_modes"))
+                      hints.get("row_modes"), tuple(hints.get("unmodelled", ())))

@@ -13,7 +13,7 @@ from ..flashinfer.calls import version as flashinfer_version
 from ..facts.knowledge import build_record
 from ..engines import BatchPlan, get_profile, release_key, resolve_version
 from .report import BatchContext, Finding, Report
-from .ruleset import run_rules
+from .ruleset import rules_for, run_rules
 
 
 @dataclass(frozen=True)
@@ -98,13 +98,13 @@ def version_notes(setup: EngineSetup) -> tuple:
 
 
 def plan_batch(batch: Batch, build: str | None = None, memo=None, setup: EngineSetup | None = None,
-               rows_only: bool = False) -> BatchPlan:
+               rows_only: bool = False, probe: bool = False) -> BatchPlan:
     """Derive every kernel call and slot buffer of the forward. ``memo``: a
     :class:`~validate_batch.flashmla.schedule.WalkMemo` to reuse schedule walks across steps (a Checker's own);
     ``setup``: :func:`engine_setup` of this batch's configuration, when the caller keeps it."""
     if setup is None:
         setup = engine_setup(batch, build)
-    bp = BatchPlan(batch, dict(setup.versions), profiles=setup.profiles, rows_only=rows_only)
+    bp = BatchPlan(batch, dict(setup.versions), profiles=setup.profiles, rows_only=rows_only, probe=probe)
     for prof, version, part in setup.parts:
         prof.derive(batch, version, part, bp, build, memo)
     return bp
@@ -130,12 +130,26 @@ def call_findings(bp: BatchPlan, only: frozenset | None = None) -> list[Finding]
     return out
 
 
+#: what the batch rules that describe the modelled path read
+_STEP_PATH_READS = frozenset({"rows", "schedule", "lengths"})
+
+
+def _modelled_rules(bp: BatchPlan, only: frozenset | None) -> frozenset | None:
+    """The batch rules to run: on a step with a path not modelled, not those that read the step's
+    rows, schedule or per-row lengths (they describe the path the engine does not take)."""
+    if not bp.unmodelled:
+        return only
+    keep = frozenset(r.code for r in rules_for("batch", "flashmla") if not r.reads & _STEP_PATH_READS)
+    return keep if only is None else keep & only
+
+
 def evaluate(batch: Batch, build: str | None = None, memo=None, setup: EngineSetup | None = None,
-             only: frozenset | None = None, rows_only: bool = False) -> Report:
+             only: frozenset | None = None, rows_only: bool = False, probe: bool = False) -> Report:
     """The report of one forward, without a split (``only``: run just these rule codes;
-    ``rows_only``: they read only rows and the configuration, so no per-row lengths are built)."""
-    bp = plan_batch(batch, build, memo, setup, rows_only)
-    findings = call_findings(bp, only) + run_rules("batch", bp, only)
+    ``rows_only``: they read only rows and the configuration, so no per-row lengths are built;
+    ``probe``: a bounds probe, judged on the modelled path even where the step would not be)."""
+    bp = plan_batch(batch, build, memo, setup, rows_only, probe)
+    findings = call_findings(bp, only) + run_rules("batch", bp, _modelled_rules(bp, only))
     report = Report(findings, [c.plan for c in bp.calls], batch_plan=bp)
     report.defer_context(lambda: BatchContext(
         {"label": batch.label, "gpu": batch.gpu.to_dict(), "requests": len(batch.requests), "running": len(batch.running)},

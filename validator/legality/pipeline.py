@@ -26,7 +26,8 @@ def check_engine_batch(batch: Batch, build: str | None = None, split: bool = Tru
     if setup is None:
         setup = engine_setup(batch, build)
     report = evaluate(batch, build, memo, setup)
-    if split and not report.legal:
+    # a step on a path not modelled gets no split: nothing says which of its pieces would be legal
+    if split and not report.legal and not report.not_modelled:
         def legal(reqs) -> bool:
             return evaluate(batch.with_requests(reqs), build, None, setup).legal
 
@@ -116,7 +117,9 @@ def check_engine_steps(b: Batch, steps: list, build: str | None = None, split: b
     setup = engine_setup(b, build)
     reports = [check_engine_batch(st.batch, build=build, split=split, setup=setup) for st in steps]
     rows = [r.context.get("query_rows") for r in reports]
-    shown = next((i for i, r in enumerate(reports) if not r.legal), None)
+    shown = next((i for i, r in enumerate(reports) if r.errors), None)       # an illegal step first,
+    if shown is None:
+        shown = next((i for i, r in enumerate(reports) if not r.legal), None)  # else one not modelled
     if shown is None:
         shown = max(range(len(reports)), key=lambda i: rows[i] or 0)
     whole = check_engine_batch(b, build=build, split=False, setup=setup)
@@ -126,9 +129,11 @@ def check_engine_steps(b: Batch, steps: list, build: str | None = None, split: b
         "requested_extend_tokens": sum(r.extend_tokens for r in b.requests if not r.is_decode),
         "source": spec["source"],
         "steps": [{"step": i + 1, "pieces": list(st.pieces), "query_rows": rows[i], "legal": r.legal,
-                   "codes": r.codes} for i, (st, r) in enumerate(zip(steps, reports))],
+                   "codes": r.codes, **({"verdict": r.verdict} if r.not_modelled else {})}
+                  for i, (st, r) in enumerate(zip(steps, reports))],
         "as_written": {"legal": whole.legal, "codes": sorted({f.code for f in whole.errors}),
-                       "query_rows": whole.context.get("query_rows")}})
+                       "query_rows": whole.context.get("query_rows"),
+                       **({"verdict": whole.verdict} if whole.not_modelled else {})}})
 
 
 def check_batch_document(doc: Any, gpu: Any = None, build: str | None = None) -> tuple[Report, dict]:

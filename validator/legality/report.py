@@ -5,6 +5,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Callable, ClassVar, Mapping
 
+from ..errors import NotModelled
 from ..facts.provenance import summary as provenance_summary
 from .finding import SEVERITIES, Finding  # noqa: F401 (re-exported: a report's findings)
 from .registry import verdict_facts
@@ -118,7 +119,32 @@ class Report:
 
     @property
     def legal(self) -> bool:
-        return not any(f.is_error for f in self.findings)
+        """No error finding, and every part of the step on a path the profiles model."""
+        return not any(f.is_error for f in self.findings) and not self.not_modelled
+
+    @property
+    def not_modelled(self) -> tuple:
+        """The paths of this step that the profiles do not model (the engine runs another kernel for
+        it): one record each (``path``, ``why``, ``field``, ``source``, ...). A step with one is
+        neither legal nor illegal: it is "not modelled"."""
+        bp = self.batch_plan
+        return tuple(bp.unmodelled) if bp is not None and bp.unmodelled else ()
+
+    @property
+    def verdict(self) -> str:
+        """``legal``, ``illegal`` (an error finding) or ``not_modelled``."""
+        if any(f.is_error for f in self.findings):
+            return "illegal"
+        return "not_modelled" if self.not_modelled else "legal"
+
+    def refusal(self):
+        """The :class:`~validate_batch.errors.NotModelled` of a step on an unmodelled path (None otherwise)."""
+        if not self.not_modelled:
+            return None
+        r = self.not_modelled[0]
+        e = NotModelled(r["field"], r["path"], r["why"])
+        e.source, e.report = r.get("source"), self
+        return e
 
     @property
     def errors(self) -> list[Finding]:
@@ -160,6 +186,9 @@ class Report:
         come from, and what the command added."""
         prov = self.provenance
         d: dict = {"legal": self.legal, "findings": [_with_provenance(f.to_dict(), prov) for f in self.findings]}
+        if self.not_modelled:
+            d["verdict"] = self.verdict
+            d["not_modelled"] = [dict(r) for r in self.not_modelled]
         d.update(self.context)
         d["provenance"] = prov
         sp = self.safe_split

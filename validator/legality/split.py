@@ -62,6 +62,8 @@ def _min_segments_rows(prefix: list[int], rule: RowRule) -> list[tuple[int, int]
     n = len(prefix) - 1
     if any(prefix[k + 1] == prefix[k] for k in range(n)):
         return None  # zero-row requests: let the general DP handle the emptiness edge cases
+    if rule.threshold is None and rule.min_rows > 1:
+        return _min_segments_window(prefix, rule.min_rows - rule.merged, rule.max_rows - rule.merged)
     if rule.threshold is None:
         segs, i = [], 0
         while i < n:
@@ -101,6 +103,28 @@ def _min_segments_rows(prefix: list[int], rule: RowRule) -> list[tuple[int, int]
             cand, arg = pre_best, pre_arg
         if cand < INF:
             best[j], prev[j] = cand + 1, arg
+    return _segments(best, prev, n)
+
+
+def _min_segments_window(prefix: list[int], low: int, cap: int) -> list[tuple[int, int]] | None:
+    """Fewest contiguous segments whose rows are each in ``low..cap``, in O(n) (exact): for each end
+    j the starts whose run to j fits form a window that only moves right (a sliding minimum)."""
+    n = len(prefix) - 1
+    INF = n + 1
+    best = [0] + [INF] * n
+    prev = [-1] * (n + 1)
+    window: deque[int] = deque()          # eligible starts with increasing best
+    nxt = 0                               # next start not yet in the window
+    for j in range(1, n + 1):
+        while nxt < j and prefix[j] - prefix[nxt] >= low:       # long enough: eligible from now on
+            while window and best[window[-1]] >= best[nxt]:
+                window.pop()
+            window.append(nxt)
+            nxt += 1
+        while window and prefix[j] - prefix[window[0]] > cap:  # too long: never again
+            window.popleft()
+        if window and best[window[0]] < INF:
+            best[j], prev[j] = best[window[0]] + 1, window[0]
     return _segments(best, prev, n)
 
 
@@ -221,12 +245,25 @@ class _Unknown:
 _UNKNOWN = _Unknown()
 
 
-def _min_greedy(n: int, seg_ok: Callable[[int, int], bool]) -> list[tuple[int, int]] | None:
+def _min_greedy(n: int, seg_ok: Callable[[int, int], bool], prefix: list[int] | None = None,
+                low: int = 1) -> list[tuple[int, int]] | None:
     """Contiguous segments, each the longest legal run from its start (found by bisection): for
-    long steps whose legality only the full check can tell (not always the fewest)."""
+    long steps whose legality only the full check can tell (not always the fewest). ``low``: runs
+    of fewer rows (``prefix``: the rows before each request) are never legal (a path not
+    modelled), so a run starts at ``low`` rows and leaves none or at least ``low`` behind it."""
     segs, i = [], 0
     while i < n:
-        good, _ = largest_legal(lambda j: seg_ok(i, j), i + 1, n, n)
+        if low > 1 and prefix is not None:
+            if seg_ok(i, n):
+                segs.append((i, n))
+                break
+            j0 = next((j for j in range(i + 1, n + 1) if prefix[j] - prefix[i] >= low), None)
+            cap = next((j for j in range(n - 1, i, -1) if prefix[n] - prefix[j] >= low), None)
+            if j0 is None or cap is None or cap < j0:
+                return None
+            good, _ = largest_legal(lambda j: seg_ok(i, j), j0, cap, cap)
+        else:
+            good, _ = largest_legal(lambda j: seg_ok(i, j), i + 1, n, n)
         if good is None:
             return None
         segs.append((i, good))
@@ -255,6 +292,7 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
         return SafeSplit(False, reason=reason, settings=settings)
     merged = len(batch.running) if batch.mixed else 0
     pred = bounds.row_rule(batch.forward_mode, merged) if report.batch_plan is not None else None
+    low = pred.min_rows - merged if pred is not None else 1     # shorter runs are not modelled
     costs = request_rows(batch) if pred is not None else [0] * n
     prefix = [0]
     for c in costs:
@@ -275,7 +313,7 @@ def safe_split(batch: Batch, report, legal: Callable[[list], bool], bounds) -> S
             segs = _min_greedy(n, seg_ok)
     rechecked = True
     if segs is not None and not all(full_seg(i, j) for i, j in segs):
-        segs = _min_contiguous(n, full_seg) if n <= 400 else _min_greedy(n, full_seg)
+        segs = _min_contiguous(n, full_seg) if n <= 400 else _min_greedy(n, full_seg, prefix, low)
     steps = [ids[i:j] for i, j in segs] if segs is not None else None
     unchunked_reason = ""
     if steps is None:

@@ -12,7 +12,8 @@ def chunk_lines(ctx) -> list[str]:
     out = []
     if es:
         marks = "; ".join(f"step {st['step']}: {st['query_rows']} rows "
-                          + ("legal" if st["legal"] else "ILLEGAL " + ", ".join(st["codes"])) for st in es["steps"])
+                          + ("legal" if st["legal"] else "NOT MODELLED" if st.get("verdict") == "not_modelled"
+                             else "ILLEGAL " + ", ".join(st["codes"])) for st in es["steps"])
         out.append(f"  judged as the engine runs it: {es['setting']} {es['chunk_size']} cuts the "
                    f"{es['requested_extend_tokens']} new tokens into {len(es['steps'])} steps ({marks})")
         aw = es.get("as_written")
@@ -41,8 +42,11 @@ def explain(report: Report, what: str = "batch") -> str:
         head.append(", ".join(f"{k} {v}" for k, v in ctx["versions"].items()))
     if b.get("gpu"):
         head.append(f"on {b['gpu']['name']}")
-    verdict = "legal" if report.legal else f"ILLEGAL ({len(report.errors)} limit(s) broken)"
+    verdict = ("legal" if report.legal else "NOT MODELLED" if report.verdict == "not_modelled"
+               else f"ILLEGAL ({len(report.errors)} limit(s) broken)")
     lines = [f"{what} is {verdict}" + (f": {', '.join(head)}" if head else "")]
+    for r in report.not_modelled:
+        lines.append(f"  not modelled: {r['why']}: the engine runs {r['path']} ({r.get('source') or ''})")
     lines.extend(chunk_lines(ctx))
     for f in report.findings:
         subj = f" [{f.subject}]" if f.subject else ""

@@ -13,9 +13,15 @@ from .split_text import piece, split_lines, step_items, wrapped
 
 def as_written_line(aw: dict) -> str:
     """What the forward would be judged as one step (a chunked document's ``as_written``)."""
-    mark = "legal" if aw["legal"] else "ILLEGAL " + ", ".join(aw["codes"])
+    mark = _mark(aw)
     return (f"as written (one step of {aw['query_rows']} rows, as a guard that sees it dispatched judges it): "
             f"{mark}; --as-written (as_written: true in the document) judges it so")
+
+
+def _mark(st: dict) -> str:
+    if st.get("verdict") == "not_modelled":
+        return "NOT MODELLED"
+    return "legal" if st["legal"] else "ILLEGAL " + ", ".join(st["codes"])
 
 
 def render_batch(report, payload: dict, console: Console) -> None:
@@ -36,7 +42,7 @@ def render_batch(report, payload: dict, console: Console) -> None:
         console.print(f"  as the engine runs it: {es['setting']} {es['chunk_size']} cuts the "
                       f"{es['requested_extend_tokens']} new tokens into {len(es['steps'])} steps; each is checked:")
         for st in es["steps"]:
-            mark = "legal" if st["legal"] else "ILLEGAL " + ", ".join(st["codes"])
+            mark = _mark(st)
             shown = "  <- shown below" if st["step"] == es["shown_step"] else ""
             console.print(f"    step {st['step']}: {escape(step_items([piece(c) for c in st['pieces']], 'pieces'))} - "
                           f"{st['query_rows']} rows - {mark}{shown}")
@@ -46,8 +52,12 @@ def render_batch(report, payload: dict, console: Console) -> None:
     for prof in bp.profiles:
         for line in prof.summary_lines(bp):
             console.print(line)
-    verdict = "[bold green]LEGAL[/]" if report.legal else "[bold red]ILLEGAL[/]"
+    verdict = ("[bold green]LEGAL[/]" if report.legal else "[bold yellow]NOT MODELLED[/]"
+               if report.verdict == "not_modelled" else "[bold red]ILLEGAL[/]")
     n_err = len(report.errors)
+    for r in report.not_modelled:
+        console.print(f"  not modelled: {escape(r['why'])}: the engine runs {escape(r['path'])} "
+                      f"({escape(r.get('source') or '')})")
     chunked = f" (as the engine's {len(es['steps'])} chunk steps)" if es else ""
     console.print(f"verdict: {verdict}{chunked}" + (f" - {n_err} limit(s) broken" if n_err else ""), markup=True)
     render_findings(report.findings, console, provenance=report.provenance)
