@@ -311,3 +311,16 @@ def test_served_children_gave_the_outcomes_of_one_child_per_call_on_the_h200():
     probes = data["runs"][1]
     fatal = {"process_exit", "illegal_memory_access", "device_assert", "process_crash"}
     assert fatal & set(probes["served"]["outcomes"])          # fatal calls were among them
+
+
+def test_a_long_run_of_served_children_on_the_h200():
+    # bench/bench_kernel_mode.py --repeat 10: 2200 recorded sparse calls through long-lived children (-j 8 and -j 16),
+    # 16 of them again through a fresh child each; the rate counts the whole run, child start-up included
+    data = json.loads((MEASURED / "h200_kernel_served_bench_long.json").read_text())
+    assert data["device"] == "NVIDIA H200" and [r["jobs"] for r in data["runs"]] == [8, 16]
+    for run in data["runs"]:
+        s = run["served"]
+        assert s["calls"] == 2200 == sum(s["outcomes"].values()) and s["status"] == "agree"
+        assert run["same_outcomes"] and run["differing"] == []
+        assert abs(s["calls_per_s"] - s["calls"] / s["wall_s"]) < 0.5       # the figure is the run's own arithmetic
+        assert s["calls_per_s"] >= 50 and s["steady_calls_per_s"] > s["calls_per_s"]
