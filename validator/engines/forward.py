@@ -8,12 +8,13 @@ with :func:`query_rows` (lists) or :func:`forward_rows` / :func:`request_rows` (
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..inputs.batch import Batch, request_arrays
 from ..errors import InputError
 from ..facts.fields import total
 from ..facts.modes import Mode
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def draft_tokens(batch: Batch) -> int:

@@ -2,8 +2,6 @@
 (FMLA018 / FMLA019: the tensors an engine passes, see :mod:`.tensors`)."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..legality.registry import rule
@@ -11,6 +9,9 @@ from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
 from .plan import plan as make_plan
 from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def _facts(when, *paths):

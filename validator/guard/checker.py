@@ -24,8 +24,6 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..inputs import adapters
 from ..inputs.batch import Batch, RequestColumns, batch_from_dict, default_profile, is_batch_document
 from ..legality.bounds import derive_bounds
@@ -54,6 +52,9 @@ from ..facts.names import BATCH_SETTINGS, FORWARD_MODES, SETTINGS, check_server_
 from ..legality.pipeline import chunk_would_apply, check_engine_batch, check_engine_steps, note_as_written
 from ..engines import engine_family
 from ..legality.report import Report
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 class Verdict:

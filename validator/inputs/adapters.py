@@ -43,12 +43,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..errors import InputError
 from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within
 from ..facts.modes import Mode
 from ..facts.names import SGLANG_MODE_METHODS, SGLANG_MODES
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def is_sglang_batch(obj: Any) -> bool:
