@@ -708,8 +708,8 @@ cli_map.register(app)
 
 
 # The commonest invocations run without typer's parsing, whose conversion of each parameter loads
-# pydantic (about a third of the start-up): `check` and `metadata` with at most one FILE and the
-# options of the table below, each given once as separate words. Anything else (other options,
+# pydantic (about a third of the start-up): `check` and `metadata` with at most one FILE, and
+# `rules`, with the options of the table below, each given once as separate words. Anything else (other options,
 # --help, --opt=value, a repeated option, --) goes through typer; the two paths give the same
 # output and exit code (tests/test_cli_direct.py).
 _DIRECT_COMMON = {"--json": ("as_json", False), "--quiet": ("quiet", False), "-q": ("quiet", False),
@@ -718,7 +718,8 @@ _DIRECT_COMMON = {"--json": ("as_json", False), "--quiet": ("quiet", False), "-q
 #: per command: its function and the options the direct path reads, word -> (parameter, whether a
 #: value follows); any other word that does not start with "-", or "-" itself, is the FILE
 DIRECT_COMMANDS = {"check": (check, {**_DIRECT_COMMON, "--example": ("example", True)}),
-                   "metadata": (metadata, _DIRECT_COMMON)}
+                   "metadata": (metadata, _DIRECT_COMMON),
+                   "rules": (rules_cmd, {"--json": ("as_json", False)})}
 
 
 def _direct_words(words: list[str], options: dict) -> dict | None:
@@ -754,8 +755,11 @@ def direct_call(argv: list[str]):
     given = _direct_words(argv[1:], options)
     if given is None:
         return None
+    params = inspect.signature(fn).parameters    # (typer has imported inspect)
+    if not given.keys() <= params.keys():
+        return None                   # a word the command does not take (a FILE to `rules`): typer says so
     kwargs = {}
-    for name, param in inspect.signature(fn).parameters.items():    # (typer has imported inspect)
+    for name, param in params.items():
         if name in given:
             kwargs[name] = given[name]
             continue

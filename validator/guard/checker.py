@@ -445,7 +445,7 @@ class Checker:
         mixed chunking: one row each). Returns :data:`LEGAL`, or an illegal :class:`Verdict` that
         carries the full report and safe split.
         """
-        if forward_mode is None and type(step) is str:
+        if forward_mode is None and step.__class__ is str:
             forward_mode = step
         elif forward_mode is None and step is None:
             raise _no_step()
