@@ -1068,6 +1068,8 @@ def combine_grid(p: Plan):
     if grid is None:
         return None
     lim = grid_limits()
+    if grid[0] <= lim["x"] and grid[1] <= lim["y"] and grid[2] <= lim["z"]:
+        return None
     name = p.gen["combine"]["grid"]
     labels = [x.format(m=p.gen["combine_heads_per_block"]) for x in COMBINE_GRIDS[name][1]]
     c = p.call
