@@ -36,11 +36,12 @@ from ..facts.fields import (
     MAX_TOKENS,
     bad_element,
     column,
+    count,
     int_arg,
     list_column,
     list_column_sum,
     list_column_top,
-    top,
+    min_max,
     total,
 )
 from ..flashmla.calls import MAX_ROWS
@@ -299,8 +300,10 @@ class Checker:
         """The largest slot of a validated column (None when there are none), or -1 when a request
         holds the reserved row 0 under a profile that checks slots (only the full check can say
         what is wrong then)."""
-        t = top(slots)
-        if t is not None and self.has_slots and (int(slots.min()) if isinstance(slots, np.ndarray) else min(slots)) < 1:
+        if slots is None or not count(slots):
+            return None
+        lo, t = min_max(slots) if isinstance(slots, np.ndarray) else (min(slots), max(slots))
+        if self.has_slots and lo < 1:
             return -1
         return t
 
