@@ -354,10 +354,10 @@ class Checker:
         if seq_lens is not None:
             x = seq_lens[0] if not as_array and seq_lens.__class__ is list and len(seq_lens) == 1 else None
             if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):
-                seq = seq_lens
+                seq, n = seq_lens, 1
             else:
                 seq = (_array_column if as_array else list_column)(seq_lens, "seq_lens", 1, MAX_POSITION, n)
-            n = len(seq)
+                n = len(seq)
         if prefix_lens is not None:
             x = prefix_lens[0] if not as_array and prefix_lens.__class__ is list and n == 1 == len(prefix_lens) else None
             if x.__class__ is int and 0 <= x <= MAX_POSITION:
