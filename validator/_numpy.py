@@ -4,7 +4,7 @@ A module that reads arrays says ``np = numpy_on_first_use(globals())``: the name
 for numpy until it is first read (``np.asarray``, ``np.ndarray``), which imports numpy and puts it
 in that module's namespace in place of the stand-in, so every later use is a plain global lookup.
 A command that builds no schedule and reads no column as an array (``validate-batch rules``,
-``check`` of a forward past the decode kernel's row limit) then never pays numpy's import.
+``--help``, ``gpus``) then never pays numpy's import.
 """
 from __future__ import annotations
 
