@@ -26,6 +26,8 @@ CASES = [
     (["metadata", "--json", ORACLE, "--gpu", "H200"], None),
     (["metadata", ORACLE, "--kernel-gen", "no-such-build"], None),
     (["metadata", "-", "-f", "jsonl"], RECORD),
+    (["rules"], None),
+    (["rules", "--json"], None),
 ]
 
 
@@ -45,7 +47,7 @@ def test_direct_path_equals_typer(argv, stdin):
 
 
 @pytest.mark.parametrize("argv", [
-    [], ["rules"], ["check", "--help"], ["check", "--example=dsv4-prefill-3x4096"],
+    [], ["rules", "x"], ["rules", "-q"], ["--help"], ["check", "--help"], ["check", "--example=dsv4-prefill-3x4096"],
     ["check", "--example", "a", "--example", "b"], ["check", "--example"], ["check", "--example", "--json"],
     ["check", "a.json", "b.json"], ["check", "--engine", "sglang-dsv4@pre-25418", "--extend", "3x4096"],
     ["metadata"], ["metadata", "--example", "x"], ["check", "--", "x"], ["--debug", "check", "x"],

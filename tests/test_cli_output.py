@@ -30,9 +30,9 @@ def _boom(*_args, **_kwargs):
 @pytest.fixture
 def broken_check(monkeypatch):
     """``check FILE`` raises an unexpected exception inside the pipeline."""
-    import validate_batch.cli.main
+    import validate_batch.cli.app
 
-    monkeypatch.setattr(validate_batch.cli.main, "check_documents", _boom)
+    monkeypatch.setattr(validate_batch.cli.app, "check_documents", _boom)
     monkeypatch.delenv(output_mod.DEBUG_ENV, raising=False)
 
 

@@ -10,13 +10,12 @@ Importable without torch. Main entry points::
     guard.verdict(schedule_batch)            # every step: LEGAL, or a verdict with the report and split
 """
 from .errors import BatchIllegalError, InputError, NotModelled
-from .output.explain import explain  # eager: the name is also a submodule's, which must not shadow it
-from .legality.report import Finding, Report
 
 # The rest loads on first use (``validate_batch.check``, ``from validate_batch import Checker``): importing
 # one submodule (the command line, the pytest plugin) then does not load every room of the package.
 _LAZY = {"check": "api", "check_calls": "api", "plan": "api", "assert_legal": "api", "LEGAL": "guard",
-         "Checker": "guard", "Headroom": "guard", "Verdict": "guard", "engine_settings": "guard", "GPU": "knowledge", "resolve_gpu": "knowledge"}
+         "Checker": "guard", "Headroom": "guard", "Verdict": "guard", "engine_settings": "guard", "GPU": "knowledge",
+         "resolve_gpu": "knowledge", "explain": "explain", "Finding": "report", "Report": "report"}
 
 
 def __getattr__(name: str):
@@ -27,6 +26,10 @@ def __getattr__(name: str):
         from . import api as mod
     elif where == "guard":
         from .guard import checker as mod
+    elif where == "explain":
+        from .output import explain as mod
+    elif where == "report":
+        from .legality import report as mod
     else:
         from .facts import knowledge as mod
     value = getattr(mod, name)

@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-import numpy as np
-
 from ..inputs.batch import Batch, request_arrays, request_contexts
 from ..errors import InputError, NotModelled
 from ..facts.fields import min_max, positive_int
@@ -23,6 +21,9 @@ from ..legality.ruleset import shape_rules
 from .base import BatchPlan, DerivedCall, Profile
 from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 from .versions import resolve_version
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 NAME = "sglang-dsv4"
 

@@ -8,12 +8,13 @@ with :func:`query_rows` (lists) or :func:`forward_rows` / :func:`request_rows` (
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..inputs.batch import Batch, request_arrays
 from ..errors import InputError
 from ..facts.fields import total
 from ..facts.modes import Mode
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def draft_tokens(batch: Batch) -> int:
@@ -27,6 +28,9 @@ def _no_draft(what: str):
                       "draft_extend needs extend_tokens per request or server_args.speculative_num_draft_tokens")
 
 
+_DECODE, _TARGET_VERIFY, _DRAFT_EXTEND = Mode.DECODE.value, Mode.TARGET_VERIFY.value, Mode.DRAFT_EXTEND.value
+
+
 def query_rows(mode: Mode | str, n: int, extend, merged: int, padded_rows: int | None, draft: int) -> int:
     """Query rows ``T`` of one forward: the one row counter.
 
@@ -37,13 +41,14 @@ def query_rows(mode: Mode | str, n: int, extend, merged: int, padded_rows: int |
     ``n x draft``; draft extend: each request's tokens, or ``draft`` when it has none. Padding rows
     count when they are more. ``mode``: a :class:`Mode` (or its name: it compares equal).
     """
-    if mode == Mode.DECODE:
+    # (compared with the modes' names: equal to the members, and a name is read faster than a member)
+    if mode == _DECODE:
         rows = n
-    elif mode == Mode.TARGET_VERIFY:
+    elif mode == _TARGET_VERIFY:
         if draft <= 0:
             raise _no_draft("verify")
         rows = n * draft
-    elif mode == Mode.DRAFT_EXTEND:
+    elif mode == _DRAFT_EXTEND:
         if extend is None:
             if draft <= 0:
                 raise _no_draft("draft")

@@ -1,8 +1,6 @@
 """SGL0xx (engine routing), SLOT0xx (request slots) and CG0xx (CUDA-graph replay): rules over a BatchPlan."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..inputs.batch import RequestColumns
 from ..legality.failure import Failure
 from ..flashmla.plan import plan as flashmla_plan
@@ -12,6 +10,9 @@ from .forward import forward_rows
 from .versions import release_key
 from ..facts.knowledge import load
 from ..legality.registry import rule
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def _holding(bp, where) -> list[tuple[str, int]]:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..errors import InputError, NotModelled
 from ..inputs.batch import Batch
 from ..facts.fields import positive_int
@@ -18,6 +16,9 @@ from ..flashmla.calls import DecodeCall, SparsePrefillCall
 from ..flashmla.plan import plan
 from .base import BatchPlan, DerivedCall
 from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 NAME = "vllm-dsv4"
 

@@ -10,8 +10,6 @@ three vLLM profile modules build on.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..inputs.batch import Batch, request_arrays
 from ..errors import InputError
 from ..facts.fields import positive_int
@@ -20,6 +18,9 @@ from .forward import draft_tokens, forward_rows
 from ..facts.knowledge import load
 from ..facts.modes import Mode
 from .base import BatchPlan, Profile
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 #: the forward modes a vLLM step can be described with
 VLLM_MODES = (Mode.DECODE, Mode.TARGET_VERIFY, Mode.EXTEND, Mode.MIXED)

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
-
 from .. import _accel
 from ..errors import InputError
 from .limits import echo
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 MAX_REQUESTS = 1 << 20       # requests in one forward
 MAX_TOKENS = 1 << 24         # new tokens of one request

@@ -27,8 +27,10 @@ import re
 from dataclasses import dataclass, field
 from functools import lru_cache, reduce
 from typing import Callable, Iterable, Mapping
+from .._numpy import numpy_on_first_use
 
-import numpy as np
+np = numpy_on_first_use(globals())
+
 
 #: the variables a formula may name, and what each stands for
 VARIABLES = {

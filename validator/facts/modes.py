@@ -32,29 +32,29 @@ class Mode(str, Enum):
 
     def is_decode(self) -> bool:
         """A decode step: one query row per request."""
-        return self is Mode.DECODE
+        return self is _DECODE
 
     def is_mixed(self) -> bool:
         """An extend step with running decodes merged into it."""
-        return self is Mode.MIXED
+        return self is _MIXED
 
     def is_target_verify(self) -> bool:
         """A speculative verify step: draft tokens rows per request."""
-        return self is Mode.TARGET_VERIFY
+        return self is _TARGET_VERIFY
 
     def is_draft_extend(self) -> bool:
         """A draft model's extend: each request's new tokens (or the draft tokens when it has none)."""
-        return self is Mode.DRAFT_EXTEND
+        return self is _DRAFT_EXTEND
 
     def is_routable(self) -> bool:
         """An extend forward (plain or mixed) an engine may route to a prefill kernel: its rows are
         its requests' new tokens (``forward_modes.routable``)."""
-        return self in _ROUTABLE
+        return self._value_ in _ROUTABLE_NAMES
 
     def is_decode_or_verify(self) -> bool:
         """Each request is a fixed number of rows (one, or the draft tokens), read from its
         sequence length rather than from new tokens."""
-        return self is Mode.DECODE or self is Mode.TARGET_VERIFY
+        return self is _DECODE or self is _TARGET_VERIFY
 
     @classmethod
     def parse(cls, value: Any, field: str = "forward_mode", idle: bool = False) -> "Mode | None":
@@ -76,7 +76,10 @@ class Mode(str, Enum):
 NAMES: tuple = tuple(_MODES["modes"])
 if NAMES != tuple(m.value for m in Mode):
     raise RuntimeError(f"rules/settings.json forward_modes.modes {NAMES} differ from the Mode type")
-_ROUTABLE = frozenset(Mode(m) for m in _MODES["routable"])
+# The predicates read the members from these names: on Python 3.11 every ``Mode.X`` goes through the
+# enum type's ``__getattr__`` hook (about 0.2 us a read), and a member's hash is a Python method.
+_DECODE, _MIXED, _TARGET_VERIFY, _DRAFT_EXTEND = Mode.DECODE, Mode.MIXED, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND
+_ROUTABLE_NAMES = frozenset(Mode(m).value for m in _MODES["routable"])
 #: other names users write for a mode -> the mode (None: idle)
 ALIASES: dict = {k: (None if v is None else Mode(v)) for k, v in _MODES["aliases"].items()}
 _BY_NAME: dict = {**{m.value: m for m in Mode}, **ALIASES, "idle": None}

@@ -14,12 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..errors import InputError
 from ..facts.fields import bool_field, field_name, int_field
 from ..facts.knowledge import GPU, load, resolve_gpu
 from ..facts.limits import echo
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 #: the rule kinds of the two call families: rules over trtllm-gen decode calls and over MLA ``plan()``
 #: calls (an engine profile that derives only decode calls is judged by the first kind's rules)

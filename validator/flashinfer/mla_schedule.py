@@ -24,8 +24,10 @@ array the kernel reads.
 from __future__ import annotations
 
 from typing import Sequence
+from .._numpy import numpy_on_first_use
 
-import numpy as np
+np = numpy_on_first_use(globals())
+
 
 TILE_ROWS = 64                 # query rows one CTA takes
 MAX_WORKS = 16384              # entries each per-work array has room for in the integer workspace

@@ -1,14 +1,15 @@
 """FI0xx: limits of FlashInfer's trtllm-gen decode kernels and of its MLA ``plan()``."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits
 from ..legality.registry import rule
 from ..facts.knowledge import resolve_gpu
 from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall, version
 from .mla_schedule import mla_schedule
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def _subject(p: FlashInferPlan) -> str:

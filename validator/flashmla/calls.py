@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from ..errors import InputError
 from ..facts.fields import bool_field, field_name, int_array_within, int_field, min_max
 from ..facts.limits import echo
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 INT32_MAX = 2**31 - 1
 # Sizes beyond these are not batches any GPU could hold; they are rejected as input errors before

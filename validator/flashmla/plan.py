@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..facts.formula import Formula, formula_field
 from ..facts.knowledge import GPU, build_record, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
 from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -2,8 +2,6 @@
 (FMLA018 / FMLA019: the tensors an engine passes, see :mod:`.tensors`)."""
 from __future__ import annotations
 
-import numpy as np
-
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..legality.registry import rule
@@ -11,6 +9,9 @@ from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
 from .plan import plan as make_plan
 from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 def _facts(when, *paths):
@@ -1069,6 +1070,8 @@ def combine_grid(p: Plan):
     if grid is None:
         return None
     lim = grid_limits()
+    if grid[0] <= lim["x"] and grid[1] <= lim["y"] and grid[2] <= lim["z"]:
+        return None
     name = p.gen["combine"]["grid"]
     labels = [x.format(m=p.gen["combine_heads_per_block"]) for x in COMBINE_GRIDS[name][1]]
     c = p.call

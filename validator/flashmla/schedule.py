@@ -45,9 +45,10 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from itertools import accumulate
 
-import numpy as np
-
 from .. import _accel
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..errors import InputError
 from ..facts.fields import field_name, int_field
 from ..facts.knowledge import GPU, resolve_gpu
 from ..facts.limits import echo
 from .calls import INT32_MAX, DecodeCall, call_from_record
 from .plan import Plan, plan
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 REUSE_KIND = "flashmla-reuse"
 INDICES_KIND = "flashmla-indices"

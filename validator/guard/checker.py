@@ -24,8 +24,6 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-import numpy as np
-
 from ..inputs import adapters
 from ..inputs.batch import Batch, RequestColumns, batch_from_dict, default_profile, is_batch_document
 from ..legality.bounds import derive_bounds
@@ -38,11 +36,12 @@ from ..facts.fields import (
     MAX_TOKENS,
     bad_element,
     column,
+    count,
     int_arg,
     list_column,
     list_column_sum,
     list_column_top,
-    top,
+    min_max,
     total,
 )
 from ..flashmla.calls import MAX_ROWS
@@ -54,6 +53,9 @@ from ..facts.names import BATCH_SETTINGS, FORWARD_MODES, SETTINGS, check_server_
 from ..legality.pipeline import chunk_would_apply, check_engine_batch, check_engine_steps, note_as_written
 from ..engines import engine_family
 from ..legality.report import Report
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 class Verdict:
@@ -317,8 +319,10 @@ class Checker:
         """The largest slot of a validated column (None when there are none), or -1 when a request
         holds the reserved row 0 under a profile that checks slots (only the full check can say
         what is wrong then)."""
-        t = top(slots)
-        if t is not None and self.has_slots and (int(slots.min()) if isinstance(slots, np.ndarray) else min(slots)) < 1:
+        if slots is None or not count(slots):
+            return None
+        lo, t = min_max(slots) if isinstance(slots, np.ndarray) else (min(slots), max(slots))
+        if self.has_slots and lo < 1:
             return -1
         return t
 
@@ -369,10 +373,10 @@ class Checker:
         if seq_lens is not None:
             x = seq_lens[0] if not as_array and seq_lens.__class__ is list and len(seq_lens) == 1 else None
             if x.__class__ is int and 1 <= x <= MAX_POSITION and (n is None or n == 1):
-                seq = seq_lens
+                seq, n = seq_lens, 1
             else:
                 seq = (_array_column if as_array else list_column)(seq_lens, "seq_lens", 1, MAX_POSITION, n)
-            n = len(seq)
+                n = len(seq)
         if prefix_lens is not None:
             x = prefix_lens[0] if not as_array and prefix_lens.__class__ is list and n == 1 == len(prefix_lens) else None
             if x.__class__ is int and 0 <= x <= MAX_POSITION:
@@ -463,7 +467,7 @@ class Checker:
         mixed chunking: one row each). Returns :data:`LEGAL`, or an illegal :class:`Verdict` that
         carries the full report and safe split.
         """
-        if forward_mode is None and type(step) is str:
+        if forward_mode is None and step.__class__ is str:
             forward_mode = step
         elif forward_mode is None and step is None:
             raise _no_step()

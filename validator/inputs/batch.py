@@ -20,8 +20,6 @@ from dataclasses import dataclass, field, replace
 from operator import itemgetter
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from .. import _accel
 from ..errors import InputError
 from ..facts.fields import MAX_POSITION, MAX_REQUESTS, MAX_TOKENS, int_array_within, int_field
@@ -37,6 +35,9 @@ from ..facts.names import (
     check_server_arg,
     env_value,
 )
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 
 @dataclass(frozen=True)

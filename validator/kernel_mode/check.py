@@ -26,8 +26,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import numpy as np
-
 from ..api import check_plan
 from ..errors import InputError
 from ..legality.failure import failure_of
@@ -39,6 +37,9 @@ from .outcome import OUTCOMES, RunResult
 from .providers import Detection, Provider, detect
 from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs, run_jobs_served
 from .slot_probe import probe_slot_index
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 LEGAL_KEY = "(no error)"
 # The failure kind (a rule's ``Failure.kind``) under which a kernel that happens to run is not a

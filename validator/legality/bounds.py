@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..inputs.batch import Batch, RequestColumns
 from .evaluate import EngineSetup, evaluate
 from ..flashmla.calls import MAX_ROWS
@@ -25,6 +23,9 @@ from ..facts.names import ROUTABLE_MODES
 from .ruleset import STATE as RULES
 from .ruleset import forward_rules, revision
 from .search import largest_legal
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 #: quantities a bound (or the configuration probe) always covers; ``lengths`` is covered when
 #: every profile of the batch guarantees it

@@ -27,8 +27,6 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import numpy as np
-
 from ..api import check as check_input
 from ..errors import InputError
 from ..install_hints import install_hint
@@ -38,6 +36,9 @@ from ..inputs.batch import batch_from_dict
 from ..facts.knowledge import build_names, resolve_gpu
 from .search import largest_legal
 from ..cli.session import split_device_header
+from .._numpy import numpy_on_first_use
+
+np = numpy_on_first_use(globals())
 
 #: axis name -> (what it means, default lowest value, default highest value)
 AXES: dict[str, tuple[str, int, int]] = {
