@@ -24,15 +24,21 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from ..deepgemm.calls import DeepGemmPlan
+from ..deepgemm.calls import plan as dg_plan
 from ..errors import InputError
 from ..facts.knowledge import load
 from ..flashinfer.calls import FlashInferPlan, MlaPlanCall
+from ..flashinfer.calls import plan as fi_plan
+from ..flashinfer.mla_schedule import MERGE, PER_WORK, mla_schedule
+from .agreement import compare_call, gpu_from_device, predicted_fatal, summarize
 from .builds import lookup_distribution, package_dir
+from .runner import ChildSpec, run_job, run_jobs, run_jobs_served
 
 FLASHINFER = "flashinfer"
 DEEPGEMM = "deep_gemm"
@@ -244,10 +250,6 @@ def job_for(p: Any, lib: Library) -> dict:
 
 def replan(p: Any, lib: Library, device: dict) -> Any:
     """The plan for the library version found and the device measured (their facts, not the request's)."""
-    from ..deepgemm.calls import plan as dg_plan
-    from ..flashinfer.calls import plan as fi_plan
-    from .check import gpu_from_device
-
     gpu = gpu_from_device(device, p.gpu) if device else p.gpu
     make = fi_plan if lib.name == FLASHINFER else dg_plan
     try:
@@ -260,8 +262,6 @@ def replan(p: Any, lib: Library, device: dict) -> Any:
 
 def plan_diff(call: MlaPlanCall, num_sm: int, got: dict) -> dict:
     """The model's MLA plan against the one the library made: plan_info and every array, value for value."""
-    from ..flashinfer.mla_schedule import MERGE, PER_WORK, mla_schedule
-
     kv_len = call.kv_len if call.kv_len is not None else None
     if kv_len is None:
         return {"identical": False, "summary": "the call has no kv_len: the model's plan needs it"}
@@ -289,8 +289,6 @@ def plan_diff(call: MlaPlanCall, num_sm: int, got: dict) -> dict:
 
 def compare(index: int, p: Any, run, num_sm: int, keep_output: bool = False) -> dict:
     """One call's line of the result (as :func:`.check.compare_call` writes it for FlashMLA)."""
-    from .check import compare_call
-
     entry = compare_call(index, p, run, keep_output)
     got = run.payload if run.is_ok else {}
     if isinstance(p.call, MlaPlanCall) and got.get("plan_info") is not None:
@@ -324,12 +322,6 @@ def compare(index: int, p: Any, run, num_sm: int, keep_output: bool = False) -> 
 def run_library_calls(plans: Sequence[Any], name: str, *, timeout: float, child=None, max_parallel: int = 1,
                       console=None, served: bool = True, keep_output: bool = False) -> dict:
     """Detect the library and a GPU in a child, run every call, compare with the model."""
-    import time
-    from dataclasses import replace
-
-    from .check import predicted_fatal, summarize
-    from .runner import ChildSpec, run_job, run_jobs, run_jobs_served
-
     child = child or ChildSpec()
     lib = None
     if child.backend is None:

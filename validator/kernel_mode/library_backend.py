@@ -25,6 +25,7 @@ from ..deepgemm.calls import DEFAULT_BLOCK_KV, DEFAULT_CONTEXT_LEN
 from ..deepgemm.calls import call_from_record as dg_call
 from ..flashinfer.calls import call_from_record as fi_call
 from ..flashinfer.mla_schedule import MERGE, PER_WORK, PLAN_INFO
+from .child_torch import device_facts, require_cuda, torch_module
 from .libraries import DEEPGEMM, FLASHINFER, add_to_path
 from .protocol import Unavailable, Unsupported
 
@@ -38,10 +39,8 @@ UNWRITTEN = 1000.0
 
 
 def _torch_cuda():
-    from .torch_backend import _require_cuda, _torch
-
-    torch = _torch()
-    _require_cuda(torch)
+    torch = torch_module()
+    require_cuda(torch)
     return torch
 
 
@@ -51,10 +50,8 @@ def _import(name: str):
 
 
 def op_lib_detect(job, stage, partial) -> dict:
-    from .torch_backend import _torch, device_facts
-
     stage("import-torch")
-    torch = _torch()
+    torch = torch_module()
     out = {"torch": torch.__version__, "cuda_available": bool(torch.cuda.is_available())}
     if out["cuda_available"]:
         out["device"] = device_facts(torch)

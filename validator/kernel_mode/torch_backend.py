@@ -27,8 +27,10 @@ import time
 
 from ..flashmla.calls import DecodeCall, SparsePrefillCall, call_from_record
 from ..facts.knowledge import generation
-from .reproduce import BROKEN_PREFIX, one_line, torch_broken
 from .builds import LEGACY_PARAM, distribution_of
+from .child_torch import device_facts
+from .child_torch import require_cuda as _require_cuda
+from .child_torch import torch_module as _torch
 from .library_backend import OPS as LIBRARY_OPS
 from .protocol import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
@@ -40,36 +42,6 @@ from .vllm_bundle import PROVIDER as VLLM_PROVIDER
 SPARSE_BYTES_PER_TOKEN = {d: rec["bytes_per_token"] for d, rec in generation()["kv_layouts"].items()}
 KV_CACHE_BLOCKS = 2
 PREFILL_DEFAULT_S_KV = 8192
-
-
-def _torch():
-    """torch, checked on a small CPU tensor: a torch that is missing or broken is ``Unavailable``."""
-    try:
-        import torch
-    except ImportError as e:
-        raise Unavailable(f"torch is not importable in the child: {e}") from None
-    except Exception as e:  # noqa: BLE001 - an import that raises anything else is a broken install
-        raise Unavailable(BROKEN_PREFIX + one_line(e)) from None
-    why = torch_broken(torch)
-    if why:
-        raise Unavailable(BROKEN_PREFIX + why)
-    return torch
-
-
-def _require_cuda(torch):
-    if not torch.cuda.is_available():
-        raise Unavailable(f"torch {torch.__version__} sees no CUDA GPU")
-
-
-def device_facts(torch) -> dict:
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "name": props.name,
-        "cc": [props.major, props.minor],
-        "num_sms": props.multi_processor_count,
-        "smem_optin": getattr(props, "shared_memory_per_block_optin", None),
-        "memory_bytes": getattr(props, "total_memory", None),
-    }
 
 
 def _params(fn):
