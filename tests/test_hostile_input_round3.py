@@ -1,0 +1,205 @@
+"""Hostile input, round three: memory of large call records, the time of a log line at its request
+limit, settings no rule reads, and sparse-prefill calls on a GPU or with a shape the kernel lacks."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from validate_batch.cli.main import app
+from validate_batch.errors import InputError
+from validate_batch.inputs import documents
+
+TIME_BOUND_S = 10.0
+FUZZ_EXAMPLES = int(os.environ.get("VALIDATE_BATCH_FUZZ_EXAMPLES", "40"))
+
+
+def _cli(args, stdin=None):
+    t0 = time.monotonic()
+    r = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
+    return r, time.monotonic() - t0
+
+
+def _refused(r, took, needle=None):
+    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr[-300:], r.exception)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr[:500]
+    assert lines[0].startswith("error: ")
+    if needle is not None:
+        assert needle in lines[0], lines[0]
+    assert took < TIME_BOUND_S, took
+
+
+# ------------------------------------------------------------------ a large dense record's memory
+def _dense_record(b: int, width: int) -> str:
+    table = [[(i * width + j) % 1000 for j in range(width)] for i in range(b)]
+    return json.dumps({"kind": "dense", "b": b, "s_q": 1, "h_q": 64, "d_qk": 576, "seqlens": [64 * width] * b,
+                       "block_table": table, "num_blocks": 1000}) + "\n"
+
+
+# (VmHWM, not ru_maxrss: the latter can start at the forking parent's size)
+_PEAK = textwrap.dedent("""
+    import sys
+    from validate_batch.cli.session import check_documents
+    def status_kib(key):
+        with open("/proc/self/status") as fh:
+            return next(int(ln.split()[1]) for ln in fh if ln.startswith(key + ":"))
+    check_documents(sys.argv[1], None, None)        # a small record first: every module is loaded
+    before = status_kib("VmRSS")
+    report, _ = check_documents(sys.argv[2], None, None)
+    print(before, status_kib("VmHWM"), report.legal)
+""")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_a_large_dense_record_takes_a_small_multiple_of_its_size(tmp_path):
+    # 16 K rows of 160 pages: 2.6 M values in about 12 MB of text. As Python lists (an int and a slot
+    # of about 36 bytes for 4 to 5 characters) this peaked near 15 times the file; read as arrays it
+    # is the text and the int64 values, twice while the block table is stacked
+    p = tmp_path / "dense.json"
+    p.write_text(_dense_record(16384, 160))
+    small = tmp_path / "small.json"
+    small.write_text(_dense_record(4, 2))
+    size_kib = p.stat().st_size // 1024
+    r = subprocess.run([sys.executable, "-c", _PEAK, str(small), str(p)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before, peak, legal = r.stdout.split()
+    grown = int(peak) - int(before)
+    assert legal == "False"                  # 16384 rows are past every SM90 build's scheduler limit
+    assert grown < 6 * size_kib, (grown, size_kib)
+
+
+def _lifted(text: str):
+    arrays: dict = {}
+    out, long_digits = documents._lift_int_lists(text, arrays)
+    return out, arrays, long_digits
+
+
+def _plain(doc):
+    """``doc`` with every array as the list it was written as."""
+    if isinstance(doc, dict):
+        return {k: _plain(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_plain(v) for v in doc]
+    return doc.tolist() if hasattr(doc, "tolist") else doc
+
+
+def _both(text: str, monkeypatch):
+    plain = documents.parse_documents(text)
+    monkeypatch.setattr(documents, "MIN_ARRAY_TEXT", 0)
+    lifted = documents.parse_documents(text)
+    return plain, lifted
+
+
+LONG = list(range(-40, 40))
+
+
+@pytest.mark.parametrize("text", [
+    json.dumps({"seqlens": LONG}),                                           # json.dumps's ", "
+    json.dumps({"seqlens": LONG}, separators=(",", ":")),                    # compact
+    json.dumps({"seqlens": LONG}, indent=2),                                 # one value a line
+    json.dumps({"t": [LONG, LONG[::-1], [0] * 40]}),                         # a table of rows
+    json.dumps({"a": {"b": [{"c": LONG}]}, "s": str(LONG)}),                 # a list inside a string stays text
+    json.dumps([{"x": LONG}, {"x": LONG}]),                                  # a list of records
+    json.dumps(LONG),                                                        # a whole document that is a list
+    json.dumps({"v": [2 ** 62] * 8 + [-(2 ** 62)] * 8, "w": [10 ** 17] * 8}),  # 18 and 19 digit values
+])
+def test_integer_lists_read_as_arrays_hold_the_values_written(text, monkeypatch):
+    plain, lifted = _both(text, monkeypatch)
+    doc = json.loads(text)
+    assert _plain(lifted) == plain == (doc if isinstance(doc, list) else [doc])
+    if isinstance(doc, list) and all(type(v) is int for v in doc):
+        assert type(lifted) is list and all(type(v) is int for v in lifted)
+
+
+@pytest.mark.parametrize("body,lifted", [
+    (", ".join(["7"] * 40), True),
+    (", ".join(["-0"] * 40), True),                       # -0 is JSON
+    (", ".join(["1"] * 39 + ["1.5"]), False),             # a float: a list for the JSON reader
+    (", ".join(["1"] * 39 + ["1e3"]), False),
+    (", ".join(["1"] * 39 + ["9" * 19]), False),          # past 18 digits: the JSON reader (and its digit limit)
+    (", ".join(["1"] * 39 + ["9" * 18]), True),
+])
+def test_only_exact_integer_lists_are_read_as_arrays(body, lifted):
+    text = '{"x": [' + body + "]}"
+    _, arrays, _ = _lifted(text)
+    assert bool(arrays) is lifted
+    if lifted:
+        assert next(iter(arrays.values())).tolist() == json.loads(text)["x"]
+
+
+@pytest.mark.parametrize("text", [
+    '{"x": [' + ", ".join(["01"] * 40) + "]}",           # a leading zero is not JSON
+    '{"x": [' + ", ".join(["1"] * 40) + ",]}",           # nor a trailing comma
+    '{"x": [' + " ".join(["1"] * 40) + "]}",             # nor numbers without commas
+    '{"x": [' + ", ".join(["1"] * 40) + "] \n "          # a document that never closes
+    + '"y": [' + ", ".join(["2"] * 40) + "]}",
+    '{"x" [' + ", ".join(["1"] * 40) + "]}",             # an error right at a list
+    '{"x": [' + ", ".join(["1"] * 40) + '], \n\n  "y": }',
+])
+def test_a_json_error_reads_the_same_with_lists_read_as_arrays(text, monkeypatch):
+    with pytest.raises(InputError) as plain:
+        documents.parse_documents(text)
+    monkeypatch.setattr(documents, "MIN_ARRAY_TEXT", 0)
+    with pytest.raises(InputError) as lifted:
+        documents.parse_documents(text)
+    assert lifted.value.message == plain.value.message
+
+
+def test_a_long_digit_run_outside_the_lists_is_still_refused(monkeypatch):
+    monkeypatch.setattr(documents, "MIN_ARRAY_TEXT", 0)
+    text = '{"x": [' + ", ".join(["1"] * 40) + '], "b": ' + "9" * 1001 + "}"
+    with pytest.raises(InputError, match="1001 digits"):
+        documents.parse_documents(text)
+
+
+def test_strings_with_unclosed_quotes_are_scanned_in_linear_time():
+    # every quote of a text without closing quotes used to be able to start a scan to the end
+    text = '{"a": "' + '\\"' * 500_000 + "\n" + '"' * 200_000
+    t0 = time.monotonic()
+    _lifted(text)
+    assert time.monotonic() - t0 < 2.0
+
+
+def test_a_lifted_list_counts_as_its_values(monkeypatch):
+    from validate_batch.facts import limits
+
+    text = json.dumps({"x": [5] * 50, "t": [[1] * 40] * 3})
+    plain = limits.check_tree(documents._parse_documents(text, "x"), "FILE")
+    monkeypatch.setattr(documents, "MIN_ARRAY_TEXT", 0)
+    lifted = documents._parse_documents(text, "x")
+    assert limits.check_tree(lifted, "FILE") == plain == 1 + 1 + 2 + 51 + 1 + 3 * 41
+    with pytest.raises(InputError):
+        limits.check_tree(lifted, "FILE", max_nodes=plain - 1)
+
+
+def _fuzz_value(rng: random.Random, depth: int = 0):
+    pick = rng.random()
+    if depth > 3 or pick < 0.3:
+        return rng.choice([None, True, False, 0, -1, 17, 2 ** 40, 1.5, "s", "[1, 2]", "\\", '"'])
+    if pick < 0.55:   # a long list of integers, maybe with one value the arrays do not take
+        n = rng.randrange(10, 60)
+        vals = [rng.randrange(-10 ** rng.randrange(1, 19), 10 ** rng.randrange(1, 19)) for _ in range(n)]
+        if rng.random() < 0.2:
+            vals[rng.randrange(n)] = rng.choice([1.25, "x", None, 10 ** 19, [1]])
+        return vals
+    if pick < 0.8:
+        return [_fuzz_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {f"k{i}": _fuzz_value(rng, depth + 1) for i in range(rng.randrange(4))}
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_EXAMPLES))
+def test_fuzz_lists_read_as_arrays(seed, monkeypatch):
+    rng = random.Random(seed)
+    doc = {"d": _fuzz_value(rng)}
+    opts = rng.choice([{}, {"indent": 1}, {"separators": (",", ":")}])
+    text = json.dumps(doc, **opts)
+    plain, lifted = _both(text, monkeypatch)
+    assert _plain(lifted) == plain == [doc]
