@@ -59,12 +59,18 @@ _PEAK = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
-def test_a_large_dense_record_takes_a_small_multiple_of_its_size(tmp_path):
+@pytest.mark.parametrize("record", [
     # 16 K rows of 160 pages: 2.6 M values in about 12 MB of text. As Python lists (an int and a slot
     # of about 36 bytes for 4 to 5 characters) this peaked near 15 times the file; read as arrays it
     # is the text and the int64 values, twice while the block table is stacked
+    lambda: _dense_record(16384, 160),
+    # one list of 1.5 M lengths (12 MB): its one regex match kept a record per value (28 times the file)
+    lambda: json.dumps({"kind": "dense", "b": 1_500_000, "s_q": 1, "h_q": 64, "d_qk": 576,
+                        "seqlens": [1234567] * 1_500_000}) + "\n",
+])
+def test_a_large_dense_record_takes_a_small_multiple_of_its_size(tmp_path, record):
     p = tmp_path / "dense.json"
-    p.write_text(_dense_record(16384, 160))
+    p.write_text(record())
     small = tmp_path / "small.json"
     small.write_text(_dense_record(4, 2))
     size_kib = p.stat().st_size // 1024

@@ -84,7 +84,6 @@ _TOKENS = re.compile(r'"(?:[^"\\\n]|\\[^\n])*"?|\[([-0-9, \t\n\r]{%d,})\]' % _MI
 _JSON_INT = "-?(?:0|[1-9][0-9]{0,17})"          # at most 18 digits: every one fits in int64
 _INT_LIST = re.compile("%s(?:,%s)*" % (_JSON_INT, _JSON_INT))
 _GAP = re.compile(r"[ \t\n\r]*,[ \t\n\r]*")
-_NO_SPACE = str.maketrans("", "", " \t\n\r")
 _BLANK = str.maketrans("-0123456789,]", " " * 13)
 
 
@@ -98,8 +97,6 @@ def _lift_int_lists(text: str, arrays: dict) -> tuple[str, bool | None]:
     floats, at most 18 digits); anything else stays for the JSON reader and its errors. The flag
     says whether the text outside the lifted lists holds a digit run longer than a document's
     integers may be (None when nothing was lifted)."""
-    import numpy as np
-
     nonce = secrets.token_hex(8)
     while nonce in text:
         nonce = secrets.token_hex(8)
@@ -107,33 +104,23 @@ def _lift_int_lists(text: str, arrays: dict) -> tuple[str, bool | None]:
     blanks: dict[int, str] = {}                     # one padding string per length
     at = 0
     for m in _TOKENS.finditer(text):
-        body = m.group(1)
-        if body is None:
-            continue
-        packed = body.strip(" \t\n\r").replace(", ", ",")
-        if len(packed.translate(_NO_SPACE)) != len(packed):
-            packed = _GAP.sub(",", packed)
-            if len(packed.translate(_NO_SPACE)) != len(packed):
-                continue                            # a space inside a number: not JSON
-        if _INT_LIST.fullmatch(packed) is None:
-            continue
-        values = np.fromstring(packed, dtype=np.int64, sep=",")
-        if values.shape[0] != packed.count(",") + 1:     # pragma: no cover - the pattern admits only these
+        if m.start(1) < 0:
+            continue                                # a string
+        values = _int_array(text, m.start(1), m.end(1))
+        if values is None:
             continue
         name = f'"{nonce}{len(arrays):x}"'
         arrays[name[1:-1]] = values
         start, end = m.span()
         out.append(text[at:start])
         out.append(name)
-        rest = text[start + len(name):end]
-        if "\n" in rest:
-            out.append(rest.translate(_BLANK))      # its newlines stay where they were
+        if text.find("\n", start, end) >= 0:
+            out.append(text[start + len(name):end].translate(_BLANK))   # its newlines stay where they were
         else:
-            pad = blanks.get(len(rest))
+            pad = blanks.get(end - start - len(name))
             if pad is None:
-                pad = blanks[len(rest)] = " " * len(rest)
+                pad = blanks[end - start - len(name)] = " " * (end - start - len(name))
             out.append(pad)
-        del rest
         at = end
     if not arrays:
         return text, None
@@ -141,6 +128,44 @@ def _lift_int_lists(text: str, arrays: dict) -> tuple[str, bool | None]:
     # the pieces between lifted lists are the only text that can hold a long digit run
     long_digits = any(_LONG_DIGITS.search(piece) is not None for piece in out[::3])
     return "".join(out), long_digits
+
+
+_INT_LIST_PIECE = 1 << 16
+
+
+def _int_array(text: str, start: int, end: int) -> Any:
+    """The integers of ``text[start:end]`` (the inside of a JSON list) as an int64 array, or None
+    when it is not exactly JSON integers separated by commas. Read a piece of about 64 KiB at a
+    time, cut at a comma: the regex engine keeps a backtracking record per repetition (one match
+    over millions of values took gigabytes), and no copy of the whole list is made."""
+    import numpy as np
+
+    out = np.empty(text.count(",", start, end) + 1, dtype=np.int64)
+    filled = 0
+    at = start
+    while True:
+        cut = text.find(",", at + _INT_LIST_PIECE, end) if end - at > _INT_LIST_PIECE else -1
+        if cut < 0:
+            cut = end
+        piece = text[at:cut].strip(" \t\n\r").replace(", ", ",")
+        if _has_space(piece):
+            piece = _GAP.sub(",", piece)
+            if _has_space(piece):
+                return None                         # a space inside a number: not JSON
+        if _INT_LIST.fullmatch(piece) is None:
+            return None                             # (an empty piece too: ",," or a trailing comma)
+        values = np.fromstring(piece, dtype=np.int64, sep=",")
+        if values.shape[0] != piece.count(",") + 1 or filled + values.shape[0] > out.shape[0]:
+            return None                             # (the pattern admits only these)
+        out[filled:filled + values.shape[0]] = values
+        filled += values.shape[0]
+        if cut == end:
+            return out if filled == out.shape[0] else None
+        at = cut + 1
+
+
+def _has_space(s: str) -> bool:
+    return " " in s or "\n" in s or "\t" in s or "\r" in s
 
 
 def _put_back(doc: Any, arrays: dict) -> Any:
