@@ -209,3 +209,71 @@ def test_fuzz_lists_read_as_arrays(seed, monkeypatch):
     text = json.dumps(doc, **opts)
     plain, lifted = _both(text, monkeypatch)
     assert _plain(lifted) == plain == [doc]
+
+
+# ------------------------------------------------------------------ a log line at the request limit
+def _log_at_the_limit(n: int) -> str:
+    return (f"[2025-01-01 00:00:00 DP0 TP0] Prefill batch. #new-seq: 1, #new-token: 10, #cached-token: 0, "
+            f"token usage: 0.00, #running-req: {n}, #queue-req: 0\n"
+            f"[2025-01-01 00:00:01 DP0 TP0] Decode batch. #running-req: {n}, #token: 100, token usage: 0.00, "
+            f"gen throughput (token/s): 1.0, #queue-req: 0\n")
+
+
+@pytest.mark.parametrize("delta", [-1, 0])
+def test_a_log_at_the_running_request_limit_is_bisected_without_a_request_object_each(monkeypatch, delta):
+    # the boundary search tries about 50 steps, each with up to 65536 running decodes: read entry by
+    # entry that was 1.8 M request objects (15 s); as columns it is a few passes per step
+    from validate_batch.facts.fields import MAX_REQUESTS
+    from validate_batch.inputs import batch
+
+    made = []
+    real = batch.parse_request
+    monkeypatch.setattr(batch, "parse_request", lambda *a: made.append(1) or real(*a))
+    r, took = _cli(["bisect", "-"], stdin=_log_at_the_limit(MAX_REQUESTS + delta))
+    assert r.exit_code == 0, (r.stdout[-500:], r.stderr[-500:])
+    assert f"illegal at {MAX_REQUESTS + delta} batch size" in r.stdout
+    assert len(made) < 1000, len(made)
+    assert took < TIME_BOUND_S, took
+
+
+def test_a_log_past_the_running_request_limit_is_refused():
+    from validate_batch.facts.fields import MAX_REQUESTS
+
+    _refused(*_cli(["bisect", "-"], stdin=_log_at_the_limit(MAX_REQUESTS + 1)), ":1:")
+
+
+@pytest.mark.parametrize("n,ok", [(2 ** 20 - 1, True), (2 ** 20, True), (2 ** 20 + 1, False)])
+def test_running_requests_of_a_batch_document_stop_at_the_request_limit(n, ok, monkeypatch):
+    from validate_batch.facts import fields
+    from validate_batch.inputs import batch
+    from validate_batch.inputs.batch import batch_from_dict
+
+    # the limit scaled down (the same check), so the list stays small
+    monkeypatch.setattr(batch, "MAX_REQUESTS", 64)
+    n = 64 + (n - 2 ** 20)
+    doc = {"engine": "sglang-dsv4", "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 1}],
+           "running": [{"id": f"d{i}", "seq_len": 10} for i in range(n)]}
+    if ok:
+        b = batch_from_dict(doc)
+        assert len(b.running) == n and [r.seq_len for r in b.running] == [10] * n
+        assert all(r.is_decode for r in b.running)
+    else:
+        with pytest.raises(InputError) as e:
+            batch_from_dict(doc)
+        assert e.value.field == "running"
+    assert fields.MAX_REQUESTS == 2 ** 20
+
+
+@pytest.mark.parametrize("running", [
+    [{"id": "d1", "seq_len": 10}, {"id": "d2", "seq_len": 20}],                           # columns
+    [{"id": "d1", "seq_len": 10}, {"id": "d2", "seq_len": 20, "req_pool_idx": 3}],        # entry by entry
+    [{"id": "d1", "extend_tokens": 4}, {"id": "d2", "extend_tokens": 5}],                 # columns, extend shape
+    [{"id": "d1", "seq_len": 10, "dp_rank": 1}],
+])
+def test_running_requests_read_as_columns_are_the_requests_read_one_by_one(running):
+    from validate_batch.inputs.batch import batch_from_dict, parse_request
+
+    doc = {"engine": "sglang-dsv4", "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 1}],
+           "running": running}
+    want = tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running))
+    assert tuple(batch_from_dict(doc).running) == want

@@ -73,8 +73,33 @@ def prefill_doc(profile, version, gpu, sa, n_seq, rows, cached, running, running
     if gpu is not None:
         doc["gpu"] = gpu
     if running:
-        doc["running"] = [{"id": f"d{i + 1}", "seq_len": running_len} for i in range(min(running, MAX_SYNTH_REQUESTS))]
+        doc["running"] = _running(min(running, MAX_SYNTH_REQUESTS), running_len)
     return doc
+
+
+_RUNNING: dict[tuple[int, int], tuple] = {}
+
+
+def _running(n: int, seq_len: int) -> list[dict]:
+    """``n`` running decodes of ``seq_len`` tokens. A boundary search asks for the same ones in
+    every step it tries: they are made once (the last few kept) and each document gets its own list."""
+    key = (n, seq_len)
+    got = _RUNNING.get(key)
+    if got is None:
+        if len(_RUNNING) >= 4:
+            _RUNNING.clear()
+        got = _RUNNING[key] = tuple({"id": f"d{i + 1}", "seq_len": seq_len} for i in range(n))
+    return list(got)
+
+
+_IDS: list[str] = []
+
+
+def _ids(n: int) -> list[str]:
+    """``r1 .. rn`` (made once up to the largest ``n`` asked for)."""
+    if len(_IDS) < n:
+        _IDS.extend(f"r{i + 1}" for i in range(len(_IDS), n))
+    return _IDS[:n]
 
 
 def decode_doc(profile, version, gpu, sa, n, seq_len, mode: Mode, label, slot: int | None = None,
@@ -82,6 +107,13 @@ def decode_doc(profile, version, gpu, sa, n, seq_len, mode: Mode, label, slot: i
     """A decode-like step (``mode``) of ``n`` requests; with ``slot``, the last request holds that slot
     and the others the lowest free ones."""
     n = max(1, min(n, MAX_SYNTH_REQUESTS))
+    if slot is None and not mode.is_draft_extend():
+        reqs = [{"id": rid, "seq_len": seq_len} for rid in _ids(n)]
+        doc = {"label": label, "engine": engine_name(profile, version), "server_args": sa, "forward_mode": mode.value,
+               "requests": reqs}
+        if gpu is not None:
+            doc["gpu"] = gpu
+        return doc
     reqs = []
     taken = set()
     if slot is not None:

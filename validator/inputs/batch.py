@@ -497,7 +497,10 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     running_raw = doc.get("running") or []
     if not isinstance(running_raw, list):
         raise InputError("running", "expected a list of running requests")
-    running = tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running_raw))
+    if len(running_raw) > MAX_REQUESTS:
+        raise InputError("running", f"{len(running_raw)} running requests is absurd (expected <= {MAX_REQUESTS})")
+    running = (request_columns(running_raw) if running_raw else None) or \
+        tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running_raw))
     padded = int_field(doc, "padded_rows", "batch", 0, MAX_ROWS, None) if "padded_rows" in doc else None
     model = doc.get("model") or {}
     if not isinstance(model, Mapping):
