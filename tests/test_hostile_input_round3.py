@@ -277,3 +277,95 @@ def test_running_requests_read_as_columns_are_the_requests_read_one_by_one(runni
            "running": running}
     want = tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running))
     assert tuple(batch_from_dict(doc).running) == want
+
+
+# ------------------------------------------------------------------ settings held to the engine's values
+# (SGLang 0.5.23: the parallel widths are ints of default 1, srt/arg_groups/fields/parallel.py:45-104;
+# disaggregation_mode is Literal["null", "prefill", "decode"], fields/disagg.py:55-58)
+_BASE = {"engine": "sglang-dsv4", "forward_mode": "extend", "requests": [{"id": "a", "extend_tokens": 10}]}
+POSITIVE = ["tp_size", "dp_size", "attn_dp_size", "attn_cp_size", "max_running_requests", "page_size",
+            "max_prefill_tokens", "context_length"]
+
+
+@pytest.mark.parametrize("key", POSITIVE)
+@pytest.mark.parametrize("value,ok", [(0, False), (1, True), (2, True)])
+def test_a_count_or_width_of_zero_is_bad_input(key, value, ok):
+    from validate_batch.api import check
+
+    doc = {**_BASE, "server_args": {key: value}}
+    if ok:
+        assert check(doc).legal in (True, False)
+    else:
+        with pytest.raises(InputError) as e:
+            check(doc)
+        assert e.value.field == f"server_args.{key}" and "expected >= 1, got 0" in e.value.message
+
+
+@pytest.mark.parametrize("alias,key", [("tensor_parallel_size", "tp_size"), ("max_model_len", "context_length")])
+def test_a_vllm_name_is_held_to_the_same_values(alias, key):
+    _refused(*_cli(["check", "--engine", "vllm-flashmla-sparse", "--extend", "10", "--server-arg", f"{alias}=0"]),
+             f"server_args.{key}")
+
+
+@pytest.mark.parametrize("value,ok", [("null", True), ("prefill", True), ("decode", True), (None, True),
+                                      ("bogus", False), ("Decode", False), ("", False)])
+def test_disaggregation_mode_is_one_of_the_engine_roles(value, ok):
+    from validate_batch.api import check
+
+    doc = {**_BASE, "server_args": {"disaggregation_mode": value}}
+    if ok:
+        assert check(doc).legal in (True, False)
+    else:
+        with pytest.raises(InputError) as e:
+            check(doc)
+        assert e.value.field == "server_args.disaggregation_mode"
+
+
+@pytest.mark.parametrize("name,value,ok", [
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", [1], False),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", {"a": 1}, False),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", 1.0, False),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", 2, False),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", "maybe", False),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", "0", True),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", "YES", True),        # EnvBool reads it case-insensitively
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", 1, True),
+    ("SGLANG_OPT_FLASHMLA_SPARSE_PREFILL", False, True),
+    ("SGLANG_DSV4_KV_LAYOUT", 1, False),
+    ("SGLANG_DSV4_KV_LAYOUT", ["v4"], False),
+    ("SGLANG_DSV4_KV_LAYOUT", "v41", True),
+])
+def test_an_environment_switch_holds_text_or_its_boolean(name, value, ok):
+    from validate_batch.api import check
+
+    doc = {**_BASE, "env": {name: value}}
+    if ok:
+        assert check(doc).legal in (True, False)
+    else:
+        with pytest.raises(InputError) as e:
+            check(doc)
+        assert e.value.field == f"env.{name}"
+
+
+def test_settings_are_held_on_every_way_in():
+    import validate_batch
+
+    _refused(*_cli(["check", "--engine", "sglang-dsv4", "--extend", "10", "--server-arg", "tp_size=0"]),
+             "server_args.tp_size")
+    _refused(*_cli(["check", "--engine", "sglang-dsv4", "--extend", "10", "--server-arg", "disaggregation_mode=bogus"]),
+             "server_args.disaggregation_mode")
+    _refused(*_cli(["check", "-"], stdin=json.dumps({**_BASE, "env": {"SGLANG_OPT_FLASHMLA_SPARSE_PREFILL": [1]}})),
+             "env.SGLANG_OPT_FLASHMLA_SPARSE_PREFILL")
+    with pytest.raises(InputError) as e:
+        validate_batch.Checker("sglang-dsv4", "H200", {"max_running_requests": 0})
+    assert e.value.field == "server_args.max_running_requests"
+
+
+def test_a_launch_command_with_a_width_of_zero_leaves_the_setting_unknown():
+    from validate_batch.bisect.docs import server_args
+    from validate_batch.ingest.launch import EngineConfig, parse_launch
+
+    cfg = EngineConfig()
+    cfg.update(parse_launch("python -m sglang.launch_server --tp 0 --max-running-requests 8"), "launch")
+    sa = server_args(cfg)
+    assert "tp_size" not in sa and sa["max_running_requests"] == 8

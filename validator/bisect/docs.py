@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..ingest.launch import EngineConfig
 from ..facts.modes import Mode
-from ..facts.names import BATCH_SETTINGS, ENV_SETTINGS, env_value
+from ..facts.names import BATCH_SETTINGS, ENV_SETTINGS, env_value, setting_value_ok
 
 MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
 
@@ -31,6 +31,8 @@ def server_args(cfg: EngineConfig, **override) -> dict:
             continue
         if base is str:
             v = str(v)
+        if not setting_value_ok(k, v):
+            continue                   # a value the engine would not start with: read as unknown
         out[k] = v
     if cfg.dp_attention and cfg.chunk_per_rank() is not None:
         out["chunked_prefill_size"] = cfg.chunk_per_rank()

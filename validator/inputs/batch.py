@@ -35,6 +35,7 @@ from ..facts.names import (
     FORWARD_MODES,
     SETTING_FALLBACKS,
     check_server_arg,
+    check_setting_value,
     env_value,
 )
 
@@ -449,6 +450,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
                 raise InputError(f"server_args.{key}", f"expected >= 0, got {echo(v)}")
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
             raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
+        check_setting_value(key, v, f"server_args.{key}")
         sa[key] = v
     for key, old in SETTING_FALLBACKS.items():       # a release's new name, from the older spelling
         if sa.get(key) is None and sa.get(old) is not None:
