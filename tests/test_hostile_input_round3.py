@@ -369,3 +369,43 @@ def test_a_launch_command_with_a_width_of_zero_leaves_the_setting_unknown():
     cfg.update(parse_launch("python -m sglang.launch_server --tp 0 --max-running-requests 8"), "launch")
     sa = server_args(cfg)
     assert "tp_size" not in sa and sa["max_running_requests"] == 8
+
+
+# ------------------------------------------------------------------ sparse prefill: heads and architecture
+# FlashMLA 9241ae3 csrc/api/sparse_fwd.h: the entry refuses any GPU but SM90a / SM100f (lines 113-115)
+# and any h_q but 64 or 128 (lines 192-197); the H200 ran h_q 64 and 128 (oracle sparse prefill probes)
+def _prefill_codes(h_q, gpu="H200", d_qk=512):
+    from validate_batch.api import check
+
+    rec = {"kind": "prefill", "s_q": 128, "h_q": h_q, "d_qk": d_qk, "topk": 512}
+    return {f.code for f in check(rec, gpu=gpu, kernel="flashmla-9241ae3").findings if f.is_error}
+
+
+@pytest.mark.parametrize("h_q,ok", [(3, False), (63, False), (64, True), (65, False), (127, False), (128, True),
+                                    (129, False)])
+def test_sparse_prefill_takes_the_heads_its_kernel_is_built_for(h_q, ok):
+    assert _prefill_codes(h_q) == (set() if ok else {"FMLA023"})
+    assert _prefill_codes(h_q, d_qk=576) == (set() if ok else {"FMLA023"})
+
+
+@pytest.mark.parametrize("cc,ok", [("1.0", False), ("8.0", False), ("8.9", False), ("9.0", True), ("10.0", True),
+                                   ("12.0", False)])
+def test_sparse_prefill_runs_only_on_the_architectures_it_is_built_for(cc, ok):
+    gpu = f"num_sms=132,cc={cc},smem_optin=232448"
+    assert _prefill_codes(64, gpu=gpu) == (set() if ok else {"FMLA013"})
+
+
+def test_the_recorded_sparse_prefill_probes_keep_their_verdicts(oracle_prefill_probes):
+    from validate_batch.api import check
+
+    for rec in oracle_prefill_probes:
+        call = {k: rec[k] for k in ("kind", "s_q", "h_q", "d_qk", "topk")}
+        assert check(call, gpu="H200", kernel="flashmla-9241ae3").legal is (rec["verdict"] == "legal"), rec
+
+
+def test_a_three_head_sparse_prefill_is_illegal_from_the_command_line():
+    r, _ = _cli(["check", "-"], stdin=json.dumps({"kind": "prefill", "s_q": 128, "h_q": 3, "d_qk": 576, "topk": 2048}))
+    assert r.exit_code == 1 and "FMLA023" in r.stdout and "got 3" in r.stdout, (r.stdout, r.stderr)
+    r, _ = _cli(["check", "-", "--gpu", "num_sms=108,cc=8.0,smem_optin=166912"],
+                stdin=json.dumps({"kind": "prefill", "s_q": 128, "h_q": 64, "d_qk": 576, "topk": 2048}))
+    assert r.exit_code == 1 and "FMLA013" in r.stdout, (r.stdout, r.stderr)

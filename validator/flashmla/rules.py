@@ -774,7 +774,7 @@ def implementation_exists(p: Plan):
             f"no sparse prefill implementation for {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]}) in {p.gen['build']}'s "
             f"{p.gen['name']} kernels; expected {sm_list(archs)}",
             subject=_subject(p), numbers={"cc": list(p.gpu.cc)},
-            fix="use the build's kernels for this GPU (use_legacy=True on SM90)",
+            fix=p.gen.get("prefill_archs_fix", "use the build's kernels for this GPU (use_legacy=True on SM90)"),
             failure="python_exception: RuntimeError (kernel not built for this architecture), recoverable")]
     if not isinstance(c, DecodeCall) or p.implementation is not None:
         return None
