@@ -409,3 +409,58 @@ def test_a_three_head_sparse_prefill_is_illegal_from_the_command_line():
     r, _ = _cli(["check", "-", "--gpu", "num_sms=108,cc=8.0,smem_optin=166912"],
                 stdin=json.dumps({"kind": "prefill", "s_q": 128, "h_q": 64, "d_qk": 576, "topk": 2048}))
     assert r.exit_code == 1 and "FMLA013" in r.stdout, (r.stdout, r.stderr)
+
+
+# ------------------------------------------------------------------ the four entry points agree
+def _outcome(call):
+    try:
+        r = call()
+    except InputError as e:
+        return ("bad input", e.field)
+    return ("legal", bool(r.legal if hasattr(r, "legal") else r))
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_EXAMPLES))
+def test_fuzz_the_four_entry_points_agree_on_every_step(seed):
+    import validate_batch
+
+    rng = random.Random(seed)
+    g = validate_batch.Checker(engine=rng.choice(["sglang-dsv4", "sglang-dsv4@pre-25418", "vllm-flashmla-sparse"]))
+    mode = rng.choice(["extend", "decode", "mixed", "target_verify", "draft_extend", "idle", None, "bogus"])
+    n = rng.choice([0, 1, 3, 200, 4000, 12000])
+    kw = {}
+    if rng.random() < 0.8:
+        kw["extend_lens"] = [rng.choice([0, 1, 7, 4096, -1]) for _ in range(n)]
+    if rng.random() < 0.8:
+        kw["seq_lens"] = [rng.choice([1, 50, 2 ** 31, 0]) for _ in range(n)]
+    if rng.random() < 0.3:
+        kw["prefix_lens"] = [rng.choice([0, 5]) for _ in range(n)]
+
+    def assert_legal():
+        g.assert_legal(mode, **kw)
+        return True
+
+    got = {name: _outcome(lambda f=f: f(mode, **kw)) for name, f in
+           (("verdict", g.verdict), ("check", g.check), ("full_legal", g.full_legal))}
+    from validate_batch.errors import BatchIllegalError
+
+    try:
+        got["assert_legal"] = _outcome(assert_legal)
+    except BatchIllegalError:
+        got["assert_legal"] = ("legal", False)
+    assert len(set(got.values())) == 1, (mode, n, sorted(kw), got)
+
+
+@pytest.mark.parametrize("spec,ok", [("sglang-dsv4@", False), ("sglang-dsv4@ ", False), ("sglang-dsv4", True),
+                                     ("sglang-dsv4@latest", True), ("sglang-dsv4@-1", False)])
+def test_an_engine_with_an_empty_version_is_bad_input_on_every_command(spec, ok):
+    import validate_batch
+
+    r, took = _cli(["check", "--engine", spec, "--extend", "10", "-q"])
+    if ok:
+        assert r.exit_code == 0, r.stderr
+        validate_batch.Checker(engine=spec)
+    else:
+        _refused(r, took, "engine")
+        with pytest.raises(InputError):
+            validate_batch.Checker(engine=spec)

@@ -398,7 +398,10 @@ def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
         where = "engine" if not isinstance(spec, list) else f"engine[{i}]"
         if not isinstance(s, str) or not s.strip():
             raise InputError(where, f"expected a profile name like 'sglang-dsv4@0.5.12', got {echo(s)}")
-        name, _, version = s.strip().partition("@")
+        name, at, version = s.strip().partition("@")
+        if at and not version.strip():
+            raise InputError(where, f"{echo(s)} names no version after '@' (write {name}@latest, a release, or "
+                                    f"{name} alone)")
         name = data["aliases"].get(name, name)
         if name not in data["profiles"]:
             raise InputError(where, f"unknown engine profile {echo(name)}; known: {', '.join(data['profiles'])}")
