@@ -464,3 +464,23 @@ def test_an_engine_with_an_empty_version_is_bad_input_on_every_command(spec, ok)
         _refused(r, took, "engine")
         with pytest.raises(InputError):
             validate_batch.Checker(engine=spec)
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_EXAMPLES))
+def test_fuzz_settings_and_switches_end_in_a_verdict_or_one_line(seed):
+    from validate_batch.facts.names import BATCH_SETTINGS, ENV_SETTINGS
+
+    rng = random.Random(seed)
+    pool = [0, 1, -1, 2, 64, 2 ** 31, 2 ** 63, True, False, None, "", "0", "1", "null", "decode", "bogus", [1],
+            {"a": 1}, 1.5, "fp8_ds_mla", "auto", "\x1b[2J::error::x"]
+    keys = sorted(BATCH_SETTINGS)
+    doc = {**_BASE, "server_args": {}, "env": {}}
+    for _ in range(rng.randrange(1, 4)):
+        k = rng.choice(keys)
+        (doc["env"] if k in ENV_SETTINGS and rng.random() < 0.5 else doc["server_args"])[k] = rng.choice(pool)
+    r, took = _cli(["check", "-"], stdin=json.dumps(doc))
+    assert r.exit_code in (0, 1, 2), (doc, r.exit_code, r.stderr[-500:], r.exception)
+    assert took < TIME_BOUND_S
+    if r.exit_code == 2:
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and "\x1b" not in lines[0], (doc, r.stderr)
