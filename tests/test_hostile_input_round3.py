@@ -484,3 +484,15 @@ def test_fuzz_settings_and_switches_end_in_a_verdict_or_one_line(seed):
     if r.exit_code == 2:
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith("error: ") and "\x1b" not in lines[0], (doc, r.stderr)
+
+
+def test_a_map_of_a_record_whose_lists_were_read_as_arrays_is_the_same_map(tmp_path, monkeypatch):
+    p = tmp_path / "dense.json"
+    p.write_text(json.dumps({"kind": "dense", "b": 40, "s_q": 1, "h_q": 64, "d_qk": 576,
+                             "seqlens": [100 + i for i in range(40)]}))
+    args = ["map", p, "--x", "b", "--y", "s_q", "--x-max", "64", "--y-max", "4"]
+    plain, _ = _cli(args)
+    monkeypatch.setattr(documents, "MIN_ARRAY_TEXT", 0)
+    lifted, _ = _cli(args)
+    assert plain.exit_code == 0, plain.stderr
+    assert lifted.exit_code == 0 and lifted.stdout == plain.stdout, lifted.stderr
