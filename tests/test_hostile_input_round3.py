@@ -496,3 +496,29 @@ def test_a_map_of_a_record_whose_lists_were_read_as_arrays_is_the_same_map(tmp_p
     lifted, _ = _cli(args)
     assert plain.exit_code == 0, plain.stderr
     assert lifted.exit_code == 0 and lifted.stdout == plain.stdout, lifted.stderr
+
+
+@pytest.mark.parametrize("value,ok", [(-2, False), (-1, True), (0, True), (1, True)])
+def test_chunked_prefill_off_is_a_setting_the_engine_takes(value, ok):
+    # SGLang 0.5.23 srt/arg_groups/fields/schedule.py:52-55: -1 disables chunked prefill
+    from validate_batch.api import check
+
+    doc = {**_BASE, "requests": [{"id": "a", "extend_tokens": 20000}], "server_args": {"chunked_prefill_size": value}}
+    if ok:
+        r = check(doc)
+        assert r.legal in (True, False)
+    else:
+        with pytest.raises(InputError) as e:
+            check(doc)
+        assert e.value.field == "server_args.chunked_prefill_size" and "expected >= -1" in e.value.message
+
+
+def test_chunked_prefill_off_checks_the_forward_whole():
+    from validate_batch.api import check
+
+    big = {**_BASE, "engine": "sglang-dsv4@pre-25418", "requests": [{"id": "a", "extend_tokens": 20000}]}
+    off = check({**big, "server_args": {"chunked_prefill_size": -1}})
+    unset = check(big)
+    on = check({**big, "server_args": {"chunked_prefill_size": 8192}})
+    # off and unset: one forward of 20000 rows, past the 11622 rows of 9241ae3's scheduler
+    assert not off.legal and not unset.legal and on.legal

@@ -34,6 +34,7 @@ from ..facts.names import (
     ENV_SETTINGS,
     FORWARD_MODES,
     SETTING_FALLBACKS,
+    SETTINGS,
     check_server_arg,
     check_setting_value,
     env_value,
@@ -449,7 +450,7 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             if not ok:
                 names = "/".join("null" if t is type(None) else t.__name__ for t in types)
                 raise InputError(f"server_args.{key}", f"expected {names}, got {echo(v)}")
-            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            if isinstance(v, int) and not isinstance(v, bool) and v < 0 and "min" not in SETTINGS.get(key, {}):
                 raise InputError(f"server_args.{key}", f"expected >= 0, got {echo(v)}")
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
             raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
