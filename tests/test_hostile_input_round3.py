@@ -522,3 +522,18 @@ def test_chunked_prefill_off_checks_the_forward_whole():
     on = check({**big, "server_args": {"chunked_prefill_size": 8192}})
     # off and unset: one forward of 20000 rows, past the 11622 rows of 9241ae3's scheduler
     assert not off.legal and not unset.legal and on.legal
+
+
+def test_the_knowledge_files_say_each_key_once():
+    # json keeps the last of two equal keys silently: a fact written twice loses one of its halves
+    from pathlib import Path
+
+    def once(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(set(keys)) == len(keys), sorted({k for k in keys if keys.count(k) > 1})
+        return dict(pairs)
+
+    files = sorted((Path(__file__).resolve().parents[1] / "rules").rglob("*.json"))
+    assert files
+    for f in files:
+        json.loads(f.read_text(encoding="utf-8"), object_pairs_hook=once)
