@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..ingest.launch import EngineConfig
 from ..facts.modes import Mode
-from ..facts.names import BATCH_SETTINGS, ENV_SETTINGS, env_value
+from ..facts.names import BATCH_SETTINGS, ENV_SETTINGS, env_value, setting_value_ok
 
 MAX_SYNTH_REQUESTS = 1 << 16    # requests materialised in one synthetic batch
 
@@ -31,6 +31,8 @@ def server_args(cfg: EngineConfig, **override) -> dict:
             continue
         if base is str:
             v = str(v)
+        if not setting_value_ok(k, v):
+            continue                   # a value the engine would not start with: read as unknown
         out[k] = v
     if cfg.dp_attention and cfg.chunk_per_rank() is not None:
         out["chunked_prefill_size"] = cfg.chunk_per_rank()
@@ -73,8 +75,33 @@ def prefill_doc(profile, version, gpu, sa, n_seq, rows, cached, running, running
     if gpu is not None:
         doc["gpu"] = gpu
     if running:
-        doc["running"] = [{"id": f"d{i + 1}", "seq_len": running_len} for i in range(min(running, MAX_SYNTH_REQUESTS))]
+        doc["running"] = _running(min(running, MAX_SYNTH_REQUESTS), running_len)
     return doc
+
+
+_RUNNING: dict[tuple[int, int], tuple] = {}
+
+
+def _running(n: int, seq_len: int) -> list[dict]:
+    """``n`` running decodes of ``seq_len`` tokens. A boundary search asks for the same ones in
+    every step it tries: they are made once (the last few kept) and each document gets its own list."""
+    key = (n, seq_len)
+    got = _RUNNING.get(key)
+    if got is None:
+        if len(_RUNNING) >= 4:
+            _RUNNING.clear()
+        got = _RUNNING[key] = tuple({"id": f"d{i + 1}", "seq_len": seq_len} for i in range(n))
+    return list(got)
+
+
+_IDS: list[str] = []
+
+
+def _ids(n: int) -> list[str]:
+    """``r1 .. rn`` (made once up to the largest ``n`` asked for)."""
+    if len(_IDS) < n:
+        _IDS.extend(f"r{i + 1}" for i in range(len(_IDS), n))
+    return _IDS[:n]
 
 
 def decode_doc(profile, version, gpu, sa, n, seq_len, mode: Mode, label, slot: int | None = None,
@@ -82,6 +109,13 @@ def decode_doc(profile, version, gpu, sa, n, seq_len, mode: Mode, label, slot: i
     """A decode-like step (``mode``) of ``n`` requests; with ``slot``, the last request holds that slot
     and the others the lowest free ones."""
     n = max(1, min(n, MAX_SYNTH_REQUESTS))
+    if slot is None and not mode.is_draft_extend():
+        reqs = [{"id": rid, "seq_len": seq_len} for rid in _ids(n)]
+        doc = {"label": label, "engine": engine_name(profile, version), "server_args": sa, "forward_mode": mode.value,
+               "requests": reqs}
+        if gpu is not None:
+            doc["gpu"] = gpu
+        return doc
     reqs = []
     taken = set()
     if slot is not None:

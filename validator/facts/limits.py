@@ -157,6 +157,12 @@ def check_tree(value: Any, field: str, max_depth: int = MAX_DEPTH, max_nodes: in
             elif isinstance(x, int) and not isinstance(x, bool):
                 nodes += 1
                 check_int(x, field, MAX_DOCUMENT_INT_DIGITS)
+            elif t.__name__ == "ndarray" and t.__module__ == "numpy" and x.ndim == 1 and x.dtype.kind in "iu":
+                if depth >= max_depth:          # a list of integers the reader took in as an array:
+                    raise InputError(field, f"nested deeper than {max_depth} levels")
+                nodes += x.shape[0]             # counted as the list (itself, below, and its values)
+                if x.shape[0] and depth + 1 > deepest:
+                    deepest = depth + 1
             elif children is not None:
                 parts = children(x)
             if parts is None:

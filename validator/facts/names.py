@@ -46,10 +46,42 @@ ENV_SETTINGS = frozenset(k for k, v in SETTINGS.items() if v.get("env"))
 _ENV_VALUES = _DATA["env_values"]
 
 
+def check_setting_value(name: str, value: Any, where: str) -> None:
+    """A setting's value within what the engine takes (``min`` for a count or width, ``choices`` for
+    a named mode, from the table); InputError naming ``where`` otherwise. Unset (None) passes."""
+    spec = SETTINGS.get(name)
+    if spec is None or value is None:
+        return
+    lo = spec.get("min")
+    if lo is not None and type(value) is int and value < lo:
+        raise InputError(where, f"expected >= {lo}, got {value}: {spec['values_source']}")
+    choices = spec.get("choices")
+    if choices and not spec.get("env") and isinstance(value, str) and value not in choices:
+        raise InputError(where, f"expected one of {', '.join(choices)}, got {echo(value)}")
+
+
+def setting_value_ok(name: str, value: Any) -> bool:
+    """:func:`check_setting_value` as a predicate."""
+    try:
+        check_setting_value(name, value, name)
+    except InputError:
+        return False
+    return True
+
+
 def env_value(name: str, value: Any, where: str) -> Any:
     """An environment switch's value as the engine reads it: booleans from the engine's spellings
-    (``"0"``, ``"false"``, ``"1"``, ...), text for text switches; values already typed pass."""
+    (``"0"``, ``"false"``, ``"1"``, ...), text for text switches; values already typed pass, and
+    anything else (a list, a mapping, a number for a text switch) is an InputError: the environment
+    holds text."""
     spec = SETTINGS[name]
+    if value is None:
+        return None
+    if spec["type"] == "bool" and not isinstance(value, (str, bool)) and not (type(value) is int and value in (0, 1)):
+        spellings = _ENV_VALUES["bool_true"] + _ENV_VALUES["bool_false"]
+        raise InputError(where, f"expected one of {', '.join(spellings)} (as the engine reads it), got {echo(value)}")
+    if spec["type"] == "str" and not isinstance(value, str):
+        raise InputError(where, f"expected text (an environment variable's value), got {echo(value)}")
     if spec["type"] == "bool" and isinstance(value, str):
         low = value.strip().lower()
         if low in _ENV_VALUES["bool_true"]:

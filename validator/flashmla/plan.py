@@ -401,10 +401,8 @@ class Plan:
         return p
 
     def to_dict(self, with_schedule: bool = True) -> dict:
-        c = self.call
-        rec = c.to_record()
         out: dict = {
-            "call": rec if len(rec.get("seqlens") or []) <= 64 else c.summary(),
+            "call": _call_record(self.call),
             "implementation": self.implementation.name if self.implementation else None,
             "num_sm_parts": self.num_sm_parts,
             "fixed_overhead": self.fixed_overhead,
@@ -420,6 +418,23 @@ class Plan:
                     out["tile_scheduler_metadata"] = self.metadata_in_layout(sch).tolist()
                     out["num_splits"] = sch.num_splits.tolist()
         return out
+
+
+#: per-row values a plan's record shows in full; a larger call is shown by its summary (dense) or
+#: with its per-row lengths as counts (sparse), so a report's size stays bounded whatever the input
+MAX_RECORD_VALUES = 64
+
+
+def _call_record(c: KernelCall) -> dict | str:
+    if not isinstance(c, DecodeCall):
+        return c.to_record()
+    if c.seqlens is not None:
+        big = c.seqlens.shape[0] > MAX_RECORD_VALUES or (c.block_table is not None and
+                                                          c.block_table.size > MAX_RECORD_VALUES * MAX_RECORD_VALUES)
+        return c.summary() if big else c.to_record()
+    if any(v is not None and len(v) > MAX_RECORD_VALUES for v in (c.topk_length, c.extra_topk_length)):
+        return c.light().to_record()
+    return c.to_record()
 
 
 #: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)

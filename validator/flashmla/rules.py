@@ -754,7 +754,9 @@ def implementation_exists(p: Plan):
 
     ## What it checks
     FlashMLA's decode kernels exist for SM90 (sparse and dense) and SM100 (sparse: head64, head64x2
-    for h_q=128/d_qk=576, head128 for h_q=128/d_qk=512).
+    for h_q=128/d_qk=576, head128 for h_q=128/d_qk=512). A build's sparse prefill kernel runs on the
+    architectures its ``prefill_archs`` lists (FlashMLA 9241ae3: SM90 and SM100,
+    ``csrc/api/sparse_fwd.h:113-115``).
 
     ## Why it crashes
     A Python exception (unsupported architecture).
@@ -777,7 +779,7 @@ def implementation_exists(p: Plan):
             f"no sparse prefill implementation for {p.gpu.name} (sm{p.gpu.cc[0]}{p.gpu.cc[1]}) in {p.gen['build']}'s "
             f"{p.gen['name']} kernels; expected {sm_list(archs)}",
             subject=_subject(p), numbers={"cc": list(p.gpu.cc)},
-            fix="use the build's kernels for this GPU (use_legacy=True on SM90)",
+            fix=p.gen.get("prefill_archs_fix", "use the build's kernels for this GPU (use_legacy=True on SM90)"),
             failure="python_exception: RuntimeError (kernel not built for this architecture), recoverable")]
     if not isinstance(c, DecodeCall) or p.implementation is not None:
         return None
@@ -864,7 +866,8 @@ def prefill_heads(p: Plan):
 
     ## What it checks
     Builds that list ``prefill_heads`` in their facts take only those ``h_q`` in the sparse prefill
-    entry. Builds without the fact are not judged here (vLLM 0.33's copy runs h_q 32).
+    entry (FlashMLA 9241ae3 and sgl-flash-mla 1.0.0: 64 or 128). Builds without the fact are not
+    judged here (vLLM 0.33's copy runs h_q 32).
 
     ## Why it crashes
     The entry refuses any other head count with a Python ``RuntimeError`` ('Unsupported h_q'); the
@@ -877,7 +880,8 @@ def prefill_heads(p: Plan):
     Pad the query heads to a supported count (64 or 128), or route the call to a build that takes it.
 
     ## Source
-    Measured on an H200 with sgl-flash-mla 1.0.0 (``fixtures/measured/h200_gap_probes.jsonl``).
+    Measured on an H200 with sgl-flash-mla 1.0.0 (``fixtures/measured/h200_gap_probes.jsonl``);
+    FlashMLA 9241ae3 ``csrc/api/sparse_fwd.h:192-197`` (its entry picks a kernel for h_q 64 or 128).
     """
     c = p.call
     fact = p.gen.get("prefill_heads")

@@ -349,7 +349,8 @@ class Checker:
                 return (None,) * 9
         if mode == "extend" or mode == "mixed":
             if extend_lens is None:
-                raise InputError("extend_lens", f"missing: an {mode} step needs the new tokens of every request")
+                raise InputError("extend_lens", f"missing: {'an' if mode == 'extend' else 'a'} {mode} step needs the new "
+                                                "tokens of every request")
         elif seq_lens is None and (mode != "draft_extend" or extend_lens is None):
             raise InputError("seq_lens", f"missing: a {mode} step needs every request's sequence length")
         n = None

@@ -32,7 +32,9 @@ from ..facts.names import (
     ENV_SETTINGS,
     FORWARD_MODES,
     SETTING_FALLBACKS,
+    SETTINGS,
     check_server_arg,
+    check_setting_value,
     env_value,
 )
 from .._numpy import numpy_on_first_use
@@ -398,7 +400,10 @@ def parse_engine(spec: Any) -> tuple[tuple[str, str | None], ...]:
         where = "engine" if not isinstance(spec, list) else f"engine[{i}]"
         if not isinstance(s, str) or not s.strip():
             raise InputError(where, f"expected a profile name like 'sglang-dsv4@0.5.12', got {echo(s)}")
-        name, _, version = s.strip().partition("@")
+        name, at, version = s.strip().partition("@")
+        if at and not version.strip():
+            raise InputError(where, f"{echo(s)} names no version after '@' (write {name}@latest, a release, or "
+                                    f"{name} alone)")
         name = data["aliases"].get(name, name)
         if name not in data["profiles"]:
             raise InputError(where, f"unknown engine profile {echo(name)}; known: {', '.join(data['profiles'])}")
@@ -446,10 +451,11 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
             if not ok:
                 names = "/".join("null" if t is type(None) else t.__name__ for t in types)
                 raise InputError(f"server_args.{key}", f"expected {names}, got {echo(v)}")
-            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+            if isinstance(v, int) and not isinstance(v, bool) and v < 0 and "min" not in SETTINGS.get(key, {}):
                 raise InputError(f"server_args.{key}", f"expected >= 0, got {echo(v)}")
         if isinstance(v, int) and not isinstance(v, bool) and v >= 1 << 63:
             raise InputError(f"server_args.{key}", f"{echo(v)} is absurd (expected < 2**63)")
+        check_setting_value(key, v, f"server_args.{key}")
         sa[key] = v
     for key, old in SETTING_FALLBACKS.items():       # a release's new name, from the older spelling
         if sa.get(key) is None and sa.get(old) is not None:
@@ -498,7 +504,10 @@ def batch_from_dict(doc: Any, gpu: Any = None) -> Batch:
     running_raw = doc.get("running") or []
     if not isinstance(running_raw, list):
         raise InputError("running", "expected a list of running requests")
-    running = tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running_raw))
+    if len(running_raw) > MAX_REQUESTS:
+        raise InputError("running", f"{len(running_raw)} running requests is absurd (expected <= {MAX_REQUESTS})")
+    running = (request_columns(running_raw) if running_raw else None) or \
+        tuple(parse_request(r, f"running[{i}]", True, i) for i, r in enumerate(running_raw))
     padded = int_field(doc, "padded_rows", "batch", 0, MAX_ROWS, None) if "padded_rows" in doc else None
     model = doc.get("model") or {}
     if not isinstance(model, Mapping):

@@ -12,7 +12,6 @@ whole, so its documents, and its error, are exactly those of the whole-document 
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -162,8 +161,8 @@ class CallRecords:
             if self.header:
                 next(lines)
             for i, line in enumerate(lines):
-                # the first pass read every line with the integer limit: the plain parser reads the same values
-                yield make_plan(call_from_record(json.loads(line), f"calls[{i}]"), self.gpu, self.kernel)
+                # the reader of the first pass: a long line's integer lists again come as arrays
+                yield make_plan(call_from_record(loads_document(line), f"calls[{i}]"), self.gpu, self.kernel)
         finally:
             self.close()
 

@@ -323,6 +323,8 @@ def _resize_call(call: Mapping, b: int, s_q: int) -> dict:
     out["b"], out["s_q"] = b, s_q
     for key in ("topk_length", "extra_topk_length", "seqlens"):
         v = call.get(key)
+        if hasattr(v, "tolist") and not isinstance(v, list):
+            v = v.tolist()          # a long list the document reader took in as an array
         if isinstance(v, list) and v:
             out[key] = (v * (b // len(v) + 1))[:b]
     return out
@@ -398,7 +400,7 @@ def legality_map(src: Source, x_axis: str = "prefill_tokens", y_axis: str = "run
         gpu = resolve_gpu(src.gpu) if isinstance(src.gpu, str) else src.gpu
         probe = check_input(_resize_call(doc, 1, 1), gpu=gpu, build=kernel_build)
         build = probe.plans[0].gen["build"] if probe.plans else (kernel_build or "")
-        config = {"call": {k: v for k, v in doc.items() if not isinstance(v, list)},
+        config = {"call": {k: v for k, v in doc.items() if not isinstance(v, list) and not hasattr(v, "tolist")},
                   "gpu": getattr(gpu, "name", str(gpu))}
         for y in _counted(ys, progress):
             def state(x: int, y=y) -> tuple:
