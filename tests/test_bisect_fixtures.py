@@ -253,6 +253,14 @@ def test_bench_one_batch_is_one_unchunked_extend():
     # ceil(4096 * 128 / 8) = 65536 > 65535 blocks on 1408756's gridDim.y; 9241ae3 puts b * s_q on x
     ("mla-combine-grid-s_q-4096.json", ["--kernel-gen", "flashmla-1408756"], ["FMLA017"]),
     ("mla-combine-grid-s_q-4096.json", ["--kernel-gen", "flashmla-9241ae3"], []),
+    # 65536 rows > 11622, the 9241ae3 scheduler's limit ((232448 - 4) // 20)
+    ("bench-one-batch-65536.yaml", [], ["FMLA001", "SGL001"]),
+    # 64 running / 2 DP ranks = 32 rows; DP1's first request holds global slot 32
+    ("pd-decode-dp-slot-32.yaml", [], ["SLOT004"]),
+    # qo_indptr 4 -> 3: a query length of -1, through the module's plan
+    ("flashinfer-plan-negative-qo-len.json", [], ["FI002"]),
+    # 16385 requests of one token and one key: one work item each, one past 16384
+    ("flashinfer-plan-16385-works.json", [], ["FI004"]),
 ])
 def test_fixture_batches_reproduce_their_step(name, args, codes):
     r = CliRunner().invoke(app, ["check", str(BATCHES / name), "--json", *args])
