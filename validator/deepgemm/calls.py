@@ -19,7 +19,8 @@ from ..facts.limits import echo
 RULE_KIND = "deepgemm"
 KINDS = ("paged_mqa_logits_metadata",)
 KEYS = frozenset({"kind", "batch", "next_n", "varlen", "caller", "jit_indexer_metadata", "version", "label",
-                  "context_len", "block_kv"})
+                  "context_len", "context_lens", "block_kv"})
+MAX_CONTEXT_LEN = 1 << 24
 #: kernel mode's inputs when a record does not give them: every request's context length, and the KV
 #: block size of the indexer's paged cache (SGLang's and vLLM's DSA indexer pages hold 64 tokens)
 DEFAULT_CONTEXT_LEN = 4096
@@ -48,6 +49,7 @@ class MqaMetadataCall:
     kind: str = "paged_mqa_logits_metadata"
     context_len: int | None = None    # kernel mode's context length per request (the limits do not read it)
     block_kv: int | None = None       # kernel mode's KV block size
+    context_lens: tuple | None = None # every request's context length (kernel mode's input and the schedule's)
 
     @property
     def rows(self) -> int:
@@ -69,6 +71,8 @@ class MqaMetadataCall:
         for key in ("context_len", "block_kv"):
             if getattr(self, key) is not None:
                 rec[key] = getattr(self, key)
+        if self.context_lens is not None:
+            rec["context_lens"] = list(self.context_lens)
         if self.label:
             rec["label"] = self.label
         return rec
@@ -224,8 +228,26 @@ def call_from_record(rec: Mapping, prefix: str = "") -> MqaMetadataCall:
     return MqaMetadataCall(int_field(rec, "batch", prefix, 1, MAX_BATCH), int_field(rec, "next_n", prefix, 1, 64, 1),
                            bool_field(rec, "varlen", prefix, False), caller,
                            bool_field(rec, "jit_indexer_metadata", prefix, False), str(rec.get("label") or ""),
-                           context_len=int_field(rec, "context_len", prefix, 0, 1 << 24, None),
-                           block_kv=int_field(rec, "block_kv", prefix, 1, 1 << 10, None))
+                           context_len=int_field(rec, "context_len", prefix, 0, MAX_CONTEXT_LEN, None),
+                           block_kv=int_field(rec, "block_kv", prefix, 1, 1 << 10, None),
+                           context_lens=_context_lens(rec, prefix))
+
+
+def _context_lens(rec: Mapping, prefix: str) -> tuple | None:
+    """``context_lens``: one length per request (``batch`` of them), each 0 .. MAX_CONTEXT_LEN."""
+    v = rec.get("context_lens")
+    if v is None:
+        return None
+    where = field_name(prefix, "context_lens")
+    if not isinstance(v, (list, tuple)):
+        raise InputError(where, f"expected a list of lengths, got {type(v).__name__}")
+    batch = rec.get("batch")
+    if len(v) != batch:
+        raise InputError(where, f"expected {batch} lengths (one per request, batch), got {len(v)}")
+    for i, x in enumerate(v):
+        if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_CONTEXT_LEN:
+            raise InputError(f"{where}[{i}]", f"expected an integer 0..{MAX_CONTEXT_LEN}, got {echo(x)}")
+    return tuple(v)
 
 
 def plan(call: MqaMetadataCall | Mapping, gpu: Any = "H200", name: str | None = None, prefix: str = "") -> DeepGemmPlan:

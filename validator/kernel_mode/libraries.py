@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..deepgemm.calls import DeepGemmPlan
+from ..deepgemm.calls import DEFAULT_CONTEXT_LEN, DeepGemmPlan
 from ..deepgemm.calls import plan as dg_plan
+from ..deepgemm.schedule import mqa_metadata
 from ..errors import InputError
 from ..facts.knowledge import load
 from ..flashinfer.calls import FlashInferPlan, MlaPlanCall
@@ -287,6 +288,24 @@ def plan_diff(call: MlaPlanCall, num_sm: int, got: dict) -> dict:
                         if not diffs else "; ".join(diffs[:4]) + (f" (+{len(diffs) - 4} more)" if len(diffs) > 4 else ""))}
 
 
+def schedule_diff(p: DeepGemmPlan, got: dict) -> dict | None:
+    """The model's DeepGEMM schedule metadata against the kernel's (None: the version has no schedule facts)."""
+    facts = p.facts.get("schedule")
+    if not facts:
+        return None
+    c = p.call
+    lens = list(c.context_lens) if c.context_lens is not None else \
+        [got.get("context_len", DEFAULT_CONTEXT_LEN)] * c.batch
+    num_sms = int(got.get("num_sms") or p.gpu.num_sms)
+    want = mqa_metadata(lens, num_sms, facts["split_kv"], facts["atoms"])
+    have = [list(r) for r in got["metadata"]]
+    if want == have:
+        return {"identical": True, "summary": f"identical: {len(want)} rows"}
+    i = next((j for j, (a, b) in enumerate(zip(want, have)) if a != b), min(len(want), len(have)))
+    return {"identical": False, "summary": f"row {i} expected {want[i] if i < len(want) else '(end)'}, "
+                                           f"got {have[i] if i < len(have) else '(end)'}"}
+
+
 def compare(index: int, p: Any, run, num_sm: int, keep_output: bool = False) -> dict:
     """One call's line of the result (as :func:`.check.compare_call` writes it for FlashMLA)."""
     entry = compare_call(index, p, run, keep_output)
@@ -299,6 +318,8 @@ def compare(index: int, p: Any, run, num_sm: int, keep_output: bool = False) -> 
             # past a limit the plan's arrays are not defined (an overrun writes into the next array): shown,
             # not counted as a metadata difference
             entry["plan_vs_model"] = diff
+    if isinstance(p, DeepGemmPlan) and got.get("metadata") is not None and entry["model"]["verdict"] == "legal":
+        entry["metadata"] = schedule_diff(p, got)
     unwritten = got.get("unwritten_requests")
     if unwritten:
         # the call returned, but output rows stayed as they were filled: the silent class

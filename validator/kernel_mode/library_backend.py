@@ -212,7 +212,11 @@ def op_dg_mqa_metadata(job, stage, partial) -> dict:
     length = DEFAULT_CONTEXT_LEN if call.context_len is None else call.context_len
     block = DEFAULT_BLOCK_KV if call.block_kv is None else call.block_kv
     stage("inputs")
-    lens = torch.full((call.batch, call.next_n), length, dtype=torch.int32, device=dev)
+    if call.context_lens is not None:
+        lens = torch.tensor(call.context_lens, dtype=torch.int32, device=dev).view(-1, 1).repeat(1, call.next_n)
+        lens = lens.contiguous()
+    else:
+        lens = torch.full((call.batch, call.next_n), length, dtype=torch.int32, device=dev)
     stage("call")
     started = time.perf_counter()
     try:
@@ -228,7 +232,7 @@ def op_dg_mqa_metadata(job, stage, partial) -> dict:
     torch.cuda.synchronize()
     rows = md.cpu().tolist()
     return {"call_s": round(time.perf_counter() - started, 6), "deep_gemm": str(getattr(dg, "__version__", "")),
-            "metadata_shape": list(md.shape), "metadata_head": rows[:3], "metadata_tail": rows[-2:],
+            "metadata_shape": list(md.shape), "metadata_head": rows[:3], "metadata_tail": rows[-2:], "metadata": rows,
             "context_len": length, "block_kv": block, "num_sms": num_sms,
             "message": f"OK metadata {list(md.shape)}"}
 
