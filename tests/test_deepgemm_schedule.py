@@ -2,7 +2,7 @@
 
 Ground truth: hand-worked schedules below (the rule: ceil(len / 256) KV splits per request, dealt out to the
 SMs in order, the last ``total % num_sms`` SMs one more), and
-``fixtures/measured/deepgemm_vllm033_h200_schedule_cases.json.gz``: 200 random
+``fixtures/measured/deepgemm_h200_vllm033_schedule_cases.json.gz``: 200 random
 ``get_paged_mqa_logits_metadata`` calls through vLLM 0.33's bundled deep_gemm 2.8.1 on an H200
 (``kernel-check --deep-gemm --keep-output``; batch 1..8192, next_n 1 / 2 / 4, lengths 0..131072, ten batches
 of all-zero lengths), every metadata row as the kernel wrote it.
@@ -21,7 +21,7 @@ from validate_batch.kernel_mode.check import kernel_check_report
 MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
 INPUTS = [json.loads(x) for x in gzip.decompress((MEASURED / "deepgemm_h200_schedule_inputs.jsonl.gz").read_bytes())
           .decode().splitlines() if x.strip()]
-RECORD = json.loads(gzip.decompress((MEASURED / "deepgemm_vllm033_h200_schedule_cases.json.gz").read_bytes()))
+RECORD = json.loads(gzip.decompress((MEASURED / "deepgemm_h200_vllm033_schedule_cases.json.gz").read_bytes()))
 
 
 def test_one_request_is_split_evenly():
@@ -84,7 +84,7 @@ def test_kernel_check_compares_the_schedule_row_by_row(tmp_path, shift):
     from validate_batch.kernel_mode.runner import ChildSpec
 
     (tmp_path / "s.py").write_text(STANDIN)
-    env = [("STANDIN_RECORD", str(MEASURED / "deepgemm_vllm033_h200_schedule_cases.json.gz")),
+    env = [("STANDIN_RECORD", str(MEASURED / "deepgemm_h200_vllm033_schedule_cases.json.gz")),
            ("STANDIN_INPUTS", str(MEASURED / "deepgemm_h200_schedule_inputs.jsonl.gz"))] + ([("STANDIN_SHIFT", "1")] if shift else [])
     picked = [{k: v for k, v in INPUTS[i].items()} for i in (0, 3, 150, 195)]
     res = kernel_check_report(check_calls(picked, "H200"), None, timeout=60,

@@ -6,7 +6,7 @@ Ground truth: ``fixtures/measured/flashinfer072_h200_kernel_check.json.gz`` and
 of ``flashinfer072_h200_plan_cases.jsonl``, the FI002 / FI003 probes, and 16383 / 16384 / 16385 work items
 on both entries) on an H200 with flashinfer-python 0.7.2 and 0.7.2.post1, each plan's 18 plan_info numbers
 and every planned array read back from the GPU, then the attention run with outputs pre-filled; and
-``deepgemm_vllm033_h200_kernel_check.json.gz``: vLLM 0.33's bundled deep_gemm 2.8.1 on the 19 calls of
+``deepgemm_h200_vllm033_kernel_check.json.gz``: vLLM 0.33's bundled deep_gemm 2.8.1 on the 19 calls of
 ``deepgemm_h200_kernel_check_inputs.jsonl``.
 
 The first tests hold the current model to those recorded kernel results. The plumbing tests run the
@@ -38,7 +38,7 @@ RECORDS = {v: json.loads(gzip.decompress((MEASURED / f).read_bytes()))
                         ("flashinfer-python-0.7.2.post1", "flashinfer072post1_h200_kernel_check.json.gz"))}
 DG_INPUTS = [json.loads(x) for x in (MEASURED / "deepgemm_h200_kernel_check_inputs.jsonl").read_text().splitlines()
              if x.strip()]
-DG = json.loads(gzip.decompress((MEASURED / "deepgemm_vllm033_h200_kernel_check.json.gz").read_bytes()))
+DG = json.loads(gzip.decompress((MEASURED / "deepgemm_h200_vllm033_kernel_check.json.gz").read_bytes()))
 CAPACITY = 16384          # entries of each per-work array of the plan (MLAPlan's work list)
 
 
@@ -235,7 +235,7 @@ def test_a_planned_array_one_value_off_is_a_metadata_difference(standin):
 def test_kernel_check_of_recorded_deepgemm_calls_agrees(standin):
     recs = [{k: v for k, v in r.items() if k != "label"} | {"label": r["label"]} for r in DG_INPUTS]
     res = kernel_check_report(_report(recs), None, timeout=120,
-                              child=_spec(standin, "2.8.1", "deepgemm_vllm033_h200_kernel_check.json.gz",
+                              child=_spec(standin, "2.8.1", "deepgemm_h200_vllm033_kernel_check.json.gz",
                                           "deepgemm_h200_kernel_check_inputs.jsonl"))
     assert res["library"] == "deep_gemm" and res["status"] == "agree"
     # a stand-in names no folder: the version alone picks the facts (2.8.1 is only vLLM 0.33's copy)
