@@ -58,21 +58,21 @@ ORACLE_DENSE_FP8 = ("Assertion failed (/flashmla/csrc_legacy/extension/sm90/dens
     (ORACLE_TOPK, "flashmla_combine", "python_exception", {"file": "splitkv_mla.cuh", "source_line": 691}),
     ("Assertion `params.topk % TOPK_BLOCK_SIZE == 0` failed (/x/FlashMLA/csrc/sm90/decode/sparse_fp8/splitkv_mla.cuh:689): ",
      "flashmla_combine", "process_crash", {"source_line": 689}),
-    ("RuntimeError: Error in function 'PrefillSplitQOKVIndptr' at /opt/flashinfer/include/flashinfer/attention/"
+    ("RuntimeError: Error in function 'PrefillSplitQOKVIndptr' at /src/flashinfer/include/flashinfer/attention/"
      "scheduler.cuh:567: qo_indptr[2]100 - qo_indptr[1]120 should be non-negative",
      "flashinfer_plan", "python_exception", {"function": "PrefillSplitQOKVIndptr", "file": "scheduler.cuh", "source_line": 567}),
-    ("CUDA Error: CUDA_ERROR_INVALID_VALUE /opt/flashinfer/include/flashinfer/trtllm/fmha/fmhaKernels.cuh 451",
+    ("CUDA Error: CUDA_ERROR_INVALID_VALUE /src/flashinfer/include/flashinfer/trtllm/fmha/fmhaKernels.cuh 451",
      "flashinfer_launch", "launch_error_silent", {"error_code": "CUDA_ERROR_INVALID_VALUE", "source_line": 451}),
-    ("CUDA Error: invalid argument (1) /opt/flashinfer/include/flashinfer/attention/prefill.cuh: line 2354 at function "
+    ("CUDA Error: invalid argument (1) /src/flashinfer/include/flashinfer/attention/prefill.cuh: line 2354 at function "
      "cudaLaunchKernel(...)", "flashinfer_launch", None, {"error_code": 1, "file": "prefill.cuh", "source_line": 2354}),
     ("TMA Desc Addr:   0x7ffd2c41e9c0", "tma_descriptor", "process_crash", {"library": "cutlass"}),
     ("Error: Failed to initialize the TMA descriptor 1", "tma_descriptor", "process_crash", {"tma_result": 1}),
-    ("python3: /usr/local/include/cute/atom/copy_traits_sm90_tma.hpp:1023: auto make_tma_desc(): Assertion `false' failed.",
+    ("python3: /src/cutlass/include/cute/atom/copy_traits_sm90_tma.hpp:1023: auto make_tma_desc(): Assertion `false' failed.",
      "tma_descriptor", "process_crash", {"file": "copy_traits_sm90_tma.hpp"}),
-    ("/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [5,0,0] Assertion "
+    ("/src/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:92: operator(): block: [0,0,0], thread: [5,0,0] Assertion "
      "`-sizes[i] <= index && index < sizes[i] && \"index out of bounds\"` failed.", "device_assert", "device_assert",
      {"file": "IndexKernel.cu"}),
-    ("CUDA error (/sgl-workspace/FlashMLA/csrc/smxx/decode/combine/comb", "cuda_error", None, {"cut_off": True}),
+    ("CUDA error (/src/FlashMLA/csrc/smxx/decode/combine/comb", "cuda_error", None, {"cut_off": True}),
     ("CUDA error (/x/csrc/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:1", "cuda_error", None,
      {"file": "get_decoding_sched_meta.cu", "line_cut_off": True}),
 ])
@@ -137,7 +137,7 @@ def test_a_descriptor_dump_is_one_error_with_its_fields():
     ("RuntimeError: Error in function 'MLAPlan' at /x/scheduler.cuh:1599: qo_indptr[4]1 - qo_indptr[3]2 should be "
      "non-negative", None, ["FI002"]),
     ("CUDA Error: CUDA_ERROR_INVALID_VALUE /x/fmhaKernels.cuh 451", None, ["FI001"]),
-    ("CUDA error (/sgl-workspace/FlashMLA/csrc/smxx/decode/combine/comb", None, []),
+    ("CUDA error (/src/FlashMLA/csrc/smxx/decode/combine/comb", None, []),
     ("CUDA error (/x/get_decoding_sched_meta/get_decoding_sched_meta.cu:1", None, []),   # line number cut off
 ])
 def test_signature_matches(line, build, codes):
@@ -145,7 +145,7 @@ def test_signature_matches(line, build, codes):
 
 
 def test_a_cut_off_line_is_only_consistent_with_rules():
-    e = event("CUDA error (/sgl-workspace/FlashMLA/csrc/smxx/decode/combine/comb")
+    e = event("CUDA error (/src/FlashMLA/csrc/smxx/decode/combine/comb")
     # every rule with a signature in a file whose name starts "comb" (combine.cu) could be it
     assert matching_codes(e) == [] and set(possible(e)) == {"FMLA002", "FMLA003", "FMLA008", "FMLA017", "FMLA019", "CG002"}
     e = event("CUDA error (/x/get_decoding_sched_meta/get_decoding_sched_meta.cu:1")
@@ -260,9 +260,9 @@ def test_long_hostile_error_lines_are_read_in_bounded_time(line):
 
 @pytest.mark.parametrize("line,library,fields", [
     # DeepGEMM 54e2261 csrc/utils/exception.hpp:12-35 (DGException, DG_HOST_ASSERT)
-    ("RuntimeError: Assertion error (/usr/local/lib/python3.12/dist-packages/deep_gemm/include/deep_gemm/scheduler/"
+    ("RuntimeError: Assertion error (/src/deep_gemm/include/deep_gemm/scheduler/"
      "sm100_paged_mqa_logits.cuh:88): num_sms <= kMaxSMs", "deepgemm", {"source_line": 88, "condition": "num_sms <= kMaxSMs"}),
-    ("RuntimeError: CUDA runtime error (/opt/deep_gemm/csrc/jit_kernels/impls/sm100_mqa_logits.hpp:81): invalid argument",
+    ("RuntimeError: CUDA runtime error (/src/deep_gemm/csrc/jit_kernels/impls/sm100_mqa_logits.hpp:81): invalid argument",
      "deepgemm", {"file": "sm100_mqa_logits.hpp", "error_class": "CUDA runtime", "message": "invalid argument"}),
 ])
 def test_other_deepgemm_errors_are_recognised_and_matched_by_no_rule(line, library, fields):

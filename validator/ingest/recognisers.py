@@ -412,7 +412,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         "tvm_check_failed", "tvm-ffi", "tvm_check", _TVM_CHECK, ("Check failed",), _tvm_check,
         failure="python_exception", window=SITE_SCAN_CHARS,
         source="TVM's check text 'InternalError: Check failed: (COND) is false: MSG' (tvm.error.InternalError), "
-               "raised through TVM-FFI, FlashInfer's binding layer from 0.4 (flashinfer PR #1960 bumps tvm-ffi): the "
+               "raised through TVM-FFI, FlashInfer's binding layer from 0.4 (its tvm-ffi requirement): the "
                "library that failed is the traceback's"),
     Recogniser(
         "flashinfer_error", "flashinfer", "flashinfer_plan",
@@ -546,7 +546,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         source="SGLang's and vLLM's lines for a scheduler or worker that raised"),
     Recogniser(
         "prose_illegal_access", None, "prose_report", _ILLEGAL, (ILLEGAL_ACCESS_TEXT,), _prose,
-        source="'illegal memory access' in a sentence, not in the runtime's printed form (an issue report's prose): "
+        source="'illegal memory access' in a sentence, not in the runtime's printed form (a report written in words): "
                "low-confidence evidence, matched by no signature"),
     Recogniser(
         "python_traceback", None, "traceback",

@@ -12,7 +12,7 @@ def torch_module():
         import torch
     except ImportError as e:
         raise Unavailable(f"torch is not importable in the child: {e}") from None
-    except Exception as e:  # noqa: BLE001 - an import that raises anything else is a broken install
+    except Exception as e:  # an import that raises anything else is a broken install
         raise Unavailable(BROKEN_PREFIX + one_line(e)) from None
     why = torch_broken(torch)
     if why:

@@ -61,7 +61,7 @@ def inspect_provider(name: str, module_name: str) -> dict:
         add_to_path(sys.path)
     try:
         mod = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 - any import failure means "not usable"
+    except Exception as e:  # any import failure means "not usable"
         return {"name": name, "module": module_name, "api": None, "features": [],
                 "reason": f"import failed: {type(e).__name__}: {e}"}
     meta_fn = getattr(mod, "get_mla_metadata", None)
@@ -79,7 +79,7 @@ def inspect_provider(name: str, module_name: str) -> dict:
     if callable(has_legacy):
         try:
             out["has_legacy"] = bool(has_legacy())
-        except Exception as e:  # noqa: BLE001 - reported, not fatal
+        except Exception as e:  # reported, not fatal
             out["has_legacy_error"] = f"{type(e).__name__}: {e}"
     return out
 
