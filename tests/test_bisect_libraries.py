@@ -36,6 +36,18 @@ MAX_B = (232448 - 4) // 20          # 11622
 GRID_Z = 2**16 - 1                  # 65535
 
 
+
+#: the 9241ae3 scheduler's error line, as a log of one line
+SCHED_ERROR = "CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument"
+
+
+def bisect_launch(tmp_path, error_line: str, launch: str, *extra: str):
+    """``bisect --json --launch LAUNCH`` of a log holding only ``error_line``: the result and its JSON."""
+    log = tmp_path / "x.log"
+    log.write_text(error_line + "\n")
+    r = runner.invoke(app, ["bisect", str(log), "--json", "--launch", launch, *extra])
+    return r, json.loads(r.stdout)
+
 def bisect_json(name: str, *args) -> tuple[int, dict]:
     r = runner.invoke(app, ["bisect", str(LOGS / name), "--json", *args])
     return r.exit_code, json.loads(r.stdout)
@@ -221,10 +233,7 @@ ONE_RANK = "python -m sglang.launch_server --model-path m --tp 8 --max-running-r
     (ONE_RANK, 31, 32, None),
 ])
 def test_the_index_size_pair_against_the_capacities(tmp_path, launch, index, size, rule):
-    log = tmp_path / "x.log"
-    log.write_text(f"IndexError: index {index} is out of bounds for dimension 0 with size {size}\n")
-    r = runner.invoke(app, ["bisect", str(log), "--json", "--launch", launch])
-    d = json.loads(r.stdout)
+    r, d = bisect_launch(tmp_path, f"IndexError: index {index} is out of bounds for dimension 0 with size {size}", launch)
     assert r.exit_code == (1 if rule else 0)
     assert d["rule"] == ([rule] if rule else [])
     if rule:
@@ -233,10 +242,8 @@ def test_the_index_size_pair_against_the_capacities(tmp_path, launch, index, siz
 
 
 def test_a_size_no_capacity_gives_is_said_and_not_guessed(tmp_path):
-    log = tmp_path / "x.log"
-    log.write_text("IndexError: index 50 is out of bounds for dimension 0 with size 50\n")
-    d = json.loads(runner.invoke(app, ["bisect", str(log), "--json", "--launch",
-                                       "python -m sglang.launch_server --model-path m --max-running-requests 64"]).stdout)
+    _, d = bisect_launch(tmp_path, "IndexError: index 50 is out of bounds for dimension 0 with size 50",
+                         "python -m sglang.launch_server --model-path m --max-running-requests 64")
     assert d["rule"] == [] and any("none of the capacities the settings give" in n for n in d["notes"])
 
 
@@ -250,31 +257,23 @@ def test_bench_one_batch_65536_is_the_step():
 
 @pytest.mark.parametrize("flags", ["--batch-size 1 --input-len 65536", "--batch 1 --input 65536"])
 def test_bench_one_batch_flags_as_argparse_takes_them(tmp_path, flags):
-    log = tmp_path / "x.log"
-    log.write_text("CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument\n")
-    d = json.loads(runner.invoke(app, ["bisect", str(log), "--json", "--launch",
-                                       f"python -m sglang.bench_one_batch --model-path deepseek-ai/DeepSeek-V4-Flash {flags}"]).stdout)
+    _, d = bisect_launch(tmp_path, SCHED_ERROR,
+                         f"python -m sglang.bench_one_batch --model-path deepseek-ai/DeepSeek-V4-Flash {flags}")
     assert d["crashing_step"]["range"] == [65536, 65536] and "FMLA001" in d["rule"]
 
 
 @pytest.mark.parametrize("chunk,rows,illegal", [(MAX_B, MAX_B, False), (MAX_B + 1, MAX_B + 1, True), (32768, 32768, True)])
 def test_bench_offline_throughput_prefill_from_its_lengths(tmp_path, chunk, rows, illegal):
-    log = tmp_path / "x.log"
-    log.write_text("CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument\n")
     cmd = ("python -m sglang.bench_offline_throughput --model-path deepseek-ai/DeepSeek-V4-Flash --dataset-name random "
            f"--random-input 65536 --random-output 1 --random-range-ratio 1 --num-prompts 4 --chunked-prefill-size {chunk}")
-    r = runner.invoke(app, ["bisect", str(log), "--json", "--launch", cmd, "--sglang-version", "0.5.12"])
-    d = json.loads(r.stdout)
+    _, d = bisect_launch(tmp_path, SCHED_ERROR, cmd, "--sglang-version", "0.5.12")
     pre = next(c for c in d["candidates"] if c["kind"] == "prefill")
     assert pre["range"][1] == rows == min(4 * 65536, chunk)
     assert (pre["verdict"] != "legal") is illegal and ("FMLA001" in d["rule"]) is illegal
 
 
 def test_bench_offline_throughput_with_a_dataset_reconstructs_nothing(tmp_path):
-    log = tmp_path / "x.log"
-    log.write_text("CUDA error (/x/get_decoding_sched_meta.cu:111): invalid argument\n")
-    d = json.loads(runner.invoke(app, ["bisect", str(log), "--json", "--launch",
-                                       "python -m sglang.bench_offline_throughput --model-path m --num-prompts 10"]).stdout)
+    _, d = bisect_launch(tmp_path, SCHED_ERROR, "python -m sglang.bench_offline_throughput --model-path m --num-prompts 10")
     assert d["candidates"] == [] and any("dataset sharegpt" in n for n in d["notes"])
 
 

@@ -10,32 +10,15 @@ import sys
 import time
 
 import pytest
-from typer.testing import CliRunner
 
 import validate_batch
-from validate_batch.cli.main import app
 from validate_batch.errors import InputError
 from validate_batch.inputs.streaming import CallRecords
+from hostile_cli import TIME_BOUND_S, refused as _refused
+from hostile_cli import cli as _cli
 
-TIME_BOUND_S = 10.0
 SPARSE = "kind: sparse\nb: {b}\ns_q: 1\nh_q: 64\nd_qk: 576\ntopk: 64\n"
 CALL = {"kind": "sparse", "b": 1, "s_q": 1, "h_q": 64, "d_qk": 576, "topk": 64}
-
-
-def _cli(args, stdin=None):
-    t0 = time.monotonic()
-    r = CliRunner().invoke(app, [str(a) for a in args], input=stdin)
-    return r, time.monotonic() - t0
-
-
-def _refused(r, took, needle=None):
-    assert r.exit_code == 2, (r.exit_code, r.stdout[-300:], r.stderr[-300:], r.exception)
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, r.stderr[:500]
-    assert lines[0].startswith("error: ")
-    if needle is not None:
-        assert needle in lines[0], lines[0]
-    assert took < TIME_BOUND_S, took
 
 
 # ------------------------------------------------------------------ crashes

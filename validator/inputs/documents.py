@@ -172,25 +172,16 @@ def _put_back(doc: Any, arrays: dict) -> Any:
     """``doc`` with each string that names a lifted list replaced by its array (no recursion)."""
     if type(doc) is str:                   # a whole document that is one list stays a list of documents
         return arrays[doc].tolist() if doc in arrays else doc
-    stack = [doc]
+    stack = [doc] if type(doc) is dict or type(doc) is list else []
     while stack:
         x = stack.pop()
-        if type(x) is dict:
-            for k, v in x.items():
-                t = type(v)
-                if t is str:
-                    if v in arrays:
-                        x[k] = arrays[v]
-                elif t is dict or t is list:
-                    stack.append(v)
-        elif type(x) is list:
-            for i, v in enumerate(x):
-                t = type(v)
-                if t is str:
-                    if v in arrays:
-                        x[i] = arrays[v]
-                elif t is dict or t is list:
-                    stack.append(v)
+        for k, v in (x.items() if type(x) is dict else enumerate(x)):
+            t = type(v)
+            if t is str:
+                if v in arrays:
+                    x[k] = arrays[v]
+            elif t is dict or t is list:
+                stack.append(v)
     return doc
 
 

@@ -4,6 +4,8 @@ mode, :mod:`.check`, and the other libraries', :mod:`.libraries`). Nothing here 
 """
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -15,6 +17,7 @@ from ..flashmla.plan import Plan
 from ..flashmla.plan import plan as make_plan
 from ..facts.knowledge import GPU
 from .outcome import OUTCOMES, RunResult
+from .runner import ChildSpec, run_jobs, run_jobs_served
 from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
@@ -292,3 +295,32 @@ def predicted_fatal(p: Plan) -> bool:
     but a recoverable Python exception): such a call runs in a child of its own."""
     mv = model_view(p)
     return mv.verdict != "legal" and any(k != "python_exception" for k in (mv.expected_failures or ("?",)))
+
+
+def run_judged(plans: Sequence[Any], jobs: Sequence[dict], *, timeout: float, child: ChildSpec | None,
+               max_parallel: int, console=None, served: bool = True) -> tuple[list[RunResult], float]:
+    """Run one job per plan and return the results and the wall time. ``served``: long-lived children take
+    the calls the model expects to run or to raise, a call it expects to be fatal a fresh child of its own;
+    otherwise a fresh child per call. ``console``: one progress line per result, with calls/s and ETA."""
+    lock = threading.Lock()
+    done = [0]
+    t0 = time.monotonic()
+
+    def progress(i: int, r: RunResult) -> None:
+        if console is None:
+            return
+        with lock:
+            done[0] += 1
+            rate = done[0] / max(time.monotonic() - t0, 1e-9)
+            eta = (len(jobs) - done[0]) / rate
+            msg = f": {r.message}" if r.message and not r.is_ok else ""
+            console.print(f"kernel [{done[0]}/{len(jobs)}, {rate:.1f} calls/s, ETA {eta:.0f} s] call {i} "
+                          f"({plans[i].call.summary()}): {r.outcome} in {r.elapsed_s:.2f} s{msg}",
+                          markup=False, highlight=False)
+
+    if served:
+        fatal = [predicted_fatal(p) for p in plans]
+        results = run_jobs_served(jobs, timeout, child, max_parallel, progress, alone=fatal.__getitem__)
+    else:
+        results = run_jobs(jobs, timeout, child, max_parallel, progress)
+    return results, time.monotonic() - t0

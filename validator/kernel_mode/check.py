@@ -21,8 +21,6 @@ The run as a whole (``summary.status``): ``disagree`` when any call disagrees or
 """
 from __future__ import annotations
 
-import threading
-import time
 from typing import Sequence
 
 from ..flashmla.calls import DecodeCall, SparsePrefillCall
@@ -43,13 +41,14 @@ from .agreement import (  # noqa: F401 (the judging lives there; these names are
     model_view,
     predicted_fatal,
     replan,
+    run_judged,
     same_gpu,
     summarize,
 )
 from .libraries import library_of, run_library_calls
 from .outcome import RunResult
 from .providers import Detection, Provider, detect
-from .runner import DEFAULT_TIMEOUT_S, ChildSpec, run_jobs, run_jobs_served
+from .runner import DEFAULT_TIMEOUT_S, ChildSpec
 from .slot_probe import probe_slot_index
 
 
@@ -112,29 +111,8 @@ def run_calls(plans: Sequence[Plan], det: Detection, *, timeout: float = DEFAULT
     gpu = gpu_from_device(det.device, base_gpu) if (det.device and base_gpu is not None) else base_gpu
     replanned = [replan(p, gpu, provider.generation_for(call_use_legacy(p.call))) for p in plans]
     jobs = [job_for(p.call, provider) for p in replanned]
-    lock = threading.Lock()
-    done = [0]
-    t0 = time.monotonic()
-
-    def progress(i: int, r: RunResult) -> None:
-        if console is None:
-            return
-        with lock:
-            done[0] += 1
-            spent = max(time.monotonic() - t0, 1e-9)
-            rate = done[0] / spent
-            eta = (len(jobs) - done[0]) / rate
-            msg = f": {r.message}" if r.message and not r.is_ok else ""
-            console.print(f"kernel [{done[0]}/{len(jobs)}, {rate:.1f} calls/s, ETA {eta:.0f} s] call {i} "
-                          f"({replanned[i].call.summary()}): {r.outcome} in {r.elapsed_s:.2f} s{msg}",
-                          markup=False, highlight=False)
-
-    if served:
-        fatal = [predicted_fatal(p) for p in replanned]
-        results = run_jobs_served(jobs, timeout, child, max_parallel, progress, alone=lambda i: fatal[i])
-    else:
-        results = run_jobs(jobs, timeout, child, max_parallel, progress)
-    wall = time.monotonic() - t0
+    results, wall = run_judged(replanned, jobs, timeout=timeout, child=child, max_parallel=max_parallel,
+                               console=console, served=served)
     entries = [compare_call(i, p, r, keep_output) for i, (p, r) in enumerate(zip(replanned, results))]
     summary = summarize(entries)
     return {
@@ -233,11 +211,11 @@ def slot_buffer_checks(report, *, timeout: float = DEFAULT_TIMEOUT_S, child: Chi
         res = probe_slot_index(buf.rows, min(buf.width or 1, 4096), top, device="cuda", timeout=timeout, child=child)
         model_fails = top >= buf.rows
         if not res.get("available"):
-            agreement = "inconclusive"
+            said = "inconclusive"
         else:
-            agreement = "agree" if (res.get("outcome") != "ok") == model_fails else "disagree"
+            said = "agree" if (res.get("outcome") != "ok") == model_fails else "disagree"
         entries.append({"buffer": buf.name, "rows": buf.rows, "slot": top, "model": "out of bounds" if model_fails
-                        else "in bounds", "agreement": agreement, "probe": res})
+                        else "in bounds", "agreement": said, "probe": res})
     available = any(e["probe"].get("available") for e in entries)
     out = {"available": available, "slot_buffers": entries,
            "all_agree": all(e["agreement"] == "agree" for e in entries) if available else None}

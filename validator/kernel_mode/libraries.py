@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -37,9 +36,10 @@ from ..facts.knowledge import load
 from ..flashinfer.calls import FlashInferPlan, MlaPlanCall
 from ..flashinfer.calls import plan as fi_plan
 from ..flashinfer.mla_schedule import MERGE, PER_WORK, mla_schedule
-from .agreement import compare_call, gpu_from_device, predicted_fatal, summarize
+from .agreement import compare_call, gpu_from_device, run_judged, summarize
 from .builds import lookup_distribution, package_dir
-from .runner import ChildSpec, run_job, run_jobs, run_jobs_served
+from .vllm_bundle import dist_info_version
+from .runner import ChildSpec, run_job
 
 FLASHINFER = "flashinfer"
 DEEPGEMM = "deep_gemm"
@@ -77,17 +77,6 @@ class Library:
                 "root": self.root or None, "version": self.version or None, "build": self.build,
                 "vendored_by": self.vendored_by or None, "generation": self.build,
                 "generation_note": self.note or None, "features": [], "reason": ""}
-
-
-def _dist_info_version(folder: Path, prefix: str) -> str:
-    for meta in sorted(folder.glob(f"{prefix}-*.dist-info/METADATA")):
-        try:
-            m = re.search(r"^Version:\s*(\S+)", meta.read_text(encoding="utf-8", errors="replace"), re.MULTILINE)
-        except OSError:
-            continue
-        if m:
-            return m.group(1)
-    return ""
 
 
 def _source_version(pkg: Path) -> str:
@@ -131,7 +120,7 @@ def deepgemm_build(version: str, vendored_by: str = "") -> tuple[str | None, str
 
 
 def _vllm_version(root: Path) -> str:
-    v = _dist_info_version(root, "vllm")
+    v = dist_info_version(root, "vllm")
     if v:
         return v
     dist = lookup_distribution("vllm")
@@ -155,18 +144,37 @@ def _deepgemm_at(pkg: Path, source: str) -> tuple[Library | None, str]:
     return Library(DEEPGEMM, str(pkg.parent), str(pkg), version, build, vendored, note), ""
 
 
+def _given(name: str, folder: str | None) -> tuple[Path | None, str, str]:
+    """The folder named by the option (else the environment variable): ``(path, where, why)``; ``path``
+    None with ``why`` "" when none is named, with ``why`` when it is not a folder."""
+    given = folder or os.environ.get(ENVS[name]) or ""
+    if not given:
+        return None, "", ""
+    path = Path(given).expanduser()
+    where = OPTIONS[name] if folder else ENVS[name]
+    if not path.is_dir():
+        return None, where, f"{given} (from {where}) is not a folder: {INSTALL_HINTS[name]}"
+    return path, where, ""
+
+
+def package_in(name: str, path: Path) -> Path | None:
+    """The library's package inside a named folder: the package folder itself, ``DIR/<package>``, or for
+    DeepGEMM a copy inside vLLM (``DIR/vllm/third_party/deep_gemm``, ``DIR/third_party/deep_gemm``)."""
+    places = [path if path.name == name else None, path / name]
+    if name == DEEPGEMM:
+        places += [path / "vllm" / "third_party" / name, path / "third_party" / name]
+    return next((p for p in places if p is not None and (p / "__init__.py").is_file()), None)
+
+
 def locate_deep_gemm(folder: str | None = None) -> tuple[Library | None, str]:
-    given = folder or os.environ.get(DEEPGEMM_ENV) or ""
-    if given:
-        path = Path(given).expanduser()
-        where = OPTIONS[DEEPGEMM] if folder else DEEPGEMM_ENV
-        if not path.is_dir():
-            return None, f"{given} (from {where}) is not a folder: {INSTALL_HINTS[DEEPGEMM]}"
-        for pkg in (path if path.name == "deep_gemm" else None, path / "deep_gemm",
-                    path / "vllm" / "third_party" / "deep_gemm", path / "third_party" / "deep_gemm"):
-            if pkg is not None and (pkg / "__init__.py").is_file():
-                return _deepgemm_at(pkg, where)
-        return None, f"no deep_gemm package in {given} (from {where}): {INSTALL_HINTS[DEEPGEMM]}"
+    path, where, why = _given(DEEPGEMM, folder)
+    if why:
+        return None, why
+    if path is not None:
+        pkg = package_in(DEEPGEMM, path)
+        if pkg is None:
+            return None, f"no deep_gemm package in {path} (from {where}): {INSTALL_HINTS[DEEPGEMM]}"
+        return _deepgemm_at(pkg, where)
     pkg = package_dir("deep_gemm")
     if pkg is not None and pkg.is_dir():
         lib, why = _deepgemm_at(pkg, "installed")
@@ -179,16 +187,14 @@ def locate_deep_gemm(folder: str | None = None) -> tuple[Library | None, str]:
 
 
 def locate_flashinfer(folder: str | None = None) -> tuple[Library | None, str]:
-    given = folder or os.environ.get(FLASHINFER_ENV) or ""
-    if given:
-        path = Path(given).expanduser()
-        where = OPTIONS[FLASHINFER] if folder else FLASHINFER_ENV
-        if not path.is_dir():
-            return None, f"{given} (from {where}) is not a folder: {INSTALL_HINTS[FLASHINFER]}"
-        pkg = path if path.name == "flashinfer" and not (path / "flashinfer").is_dir() else path / "flashinfer"
-        if not (pkg / "__init__.py").is_file():
-            return None, f"no flashinfer package in {given} (from {where}): {INSTALL_HINTS[FLASHINFER]}"
-        version = _dist_info_version(pkg.parent, "flashinfer_python") or _source_version(pkg)
+    path, where, why = _given(FLASHINFER, folder)
+    if why:
+        return None, why
+    if path is not None:
+        pkg = package_in(FLASHINFER, path)
+        if pkg is None:
+            return None, f"no flashinfer package in {path} (from {where}): {INSTALL_HINTS[FLASHINFER]}"
+        version = dist_info_version(pkg.parent, "flashinfer_python") or _source_version(pkg)
         build, note = flashinfer_build(version)
         return Library(FLASHINFER, str(pkg.parent), str(pkg), version, build, note=note), ""
     pkg = package_dir("flashinfer")
@@ -214,16 +220,8 @@ def add_to_path(name: str, sys_path: list) -> str:
     root = os.environ.get(ENVS[name], "")
     if not root:
         return ""
-    path = Path(root)
-    if name == DEEPGEMM:
-        for pkg in (path if path.name == "deep_gemm" else None, path / "deep_gemm",
-                    path / "vllm" / "third_party" / "deep_gemm", path / "third_party" / "deep_gemm"):
-            if pkg is not None and (pkg / "__init__.py").is_file():
-                path = pkg.parent
-                break
-    elif path.name == "flashinfer" and not (path / "flashinfer").is_dir():
-        path = path.parent
-    root = str(path)
+    pkg = package_in(name, Path(root))
+    root = str(pkg.parent) if pkg is not None else root
     if root not in sys_path:
         sys_path.insert(0, root)
     return root
@@ -375,24 +373,8 @@ def run_library_calls(plans: Sequence[Any], name: str, *, timeout: float, child=
     if console is not None:
         console.print(f"kernel mode: {name} {lib.version or ''} ({lib.build}) on {device.get('name')}, "
                       f"{num_sm} SMs; {len(jobs)} call(s), timeout {timeout:g} s each", markup=False, highlight=False)
-    t0 = time.monotonic()
-    done = [0]
-
-    def progress(i, r) -> None:
-        if console is None:
-            return
-        done[0] += 1
-        rate = done[0] / max(time.monotonic() - t0, 1e-9)
-        console.print(f"kernel [{done[0]}/{len(jobs)}, {rate:.1f} calls/s, ETA {(len(jobs) - done[0]) / rate:.0f} s] "
-                      f"call {i} ({replanned[i].call.summary()[:80]}): {r.outcome} in {r.elapsed_s:.2f} s",
-                      markup=False, highlight=False)
-
-    if served:
-        fatal = [predicted_fatal(p) for p in replanned]
-        results = run_jobs_served(jobs, timeout, child, max_parallel, progress, alone=lambda i: fatal[i])
-    else:
-        results = run_jobs(jobs, timeout, child, max_parallel, progress)
-    wall = time.monotonic() - t0
+    results, wall = run_judged(replanned, jobs, timeout=timeout, child=child, max_parallel=max_parallel,
+                               console=console, served=served)
     entries = [compare(i, p, r, num_sm, keep_output) for i, (p, r) in enumerate(zip(replanned, results))]
     summary = summarize(entries)
     return {"available": True, "library": name, "provider": lib.to_dict(), "device": device,

@@ -60,9 +60,9 @@ def _one(folder: Path, pattern: str) -> str:
     return str(found[0]) if found else ""
 
 
-def _dist_version(root: Path) -> str:
-    """The version in ``root/vllm-*.dist-info/METADATA`` (``Version:`` line), or ""."""
-    for meta in sorted(root.glob("vllm-*.dist-info/METADATA")):
+def dist_info_version(root: Path, prefix: str = "vllm") -> str:
+    """The version in ``root/<prefix>-*.dist-info/METADATA`` (``Version:`` line), or ""."""
+    for meta in sorted(root.glob(f"{prefix}-*.dist-info/METADATA")):
         try:
             text = meta.read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -86,7 +86,7 @@ def _from_package(pkg: Path, source: str) -> tuple[Bundle | None, str]:
     if missing:
         return None, f"vLLM's bundled FlashMLA is incomplete: no {', no '.join(missing)}"
     root = pkg.parent
-    version = _dist_version(root)
+    version = dist_info_version(root)
     if not version and source == "installed":
         dist = lookup_distribution("vllm")
         version = dist.version if dist else ""
