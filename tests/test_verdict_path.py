@@ -140,11 +140,29 @@ def test_the_one_walk_reads_lists_and_memoryviews_and_equals_the_reference_loop(
 
 @pytest.mark.parametrize("command", sorted(cli.DIRECT_COMMANDS))
 def test_the_direct_paths_table_reads_only_options_the_command_declares(command):
+    # the direct path runs the command's body (validate_batch.cli.commands) with the defaults of its own
+    # signature; typer's declaration of the same command (validate_batch.cli.app) must name the same
+    # parameters with the same defaults, and every word the table reads must be one of its flags
+    from validate_batch.cli import app as typer_app
+
     fn, options = cli.DIRECT_COMMANDS[command]
+    declared = {c.name or c.callback.__name__: c.callback for c in typer_app.app.registered_commands}
     params = inspect.signature(fn).parameters
+    typer_params = inspect.signature(declared[command]).parameters
     assert fn is getattr(cli, fn.__name__)
+    assert command in cli.DIRECT            # the console script's own list of direct commands
     assert ("file" in params) == (command != "rules")     # rules takes no FILE
+    assert list(params) == list(typer_params), command
+    for name, param in params.items():
+        info = typer_params[name].default
+        want = info.default if info.default is not ... else inspect.Parameter.empty
+        got = list(param.default) if isinstance(param.default, tuple) else param.default
+        assert got == want, (command, name)
     for word, (name, takes_value) in options.items():
-        info = params[name].default
+        info = typer_params[name].default
         assert word in info.param_decls, (command, word)
         assert takes_value == (not isinstance(info.default, bool)), (command, word)
+
+
+def test_the_console_script_knows_exactly_the_direct_commands():
+    assert cli.DIRECT == frozenset(cli.DIRECT_COMMANDS)

@@ -6,13 +6,8 @@ from typing import List, Optional
 
 import typer
 
-from ..output import formats
-from ..inputs.batch import parse_engine
 from ..errors import InputError
-from ..facts.knowledge import resolve_gpu
-from ..facts.names import SUMMARY_SETTINGS
 from ..output.writer import EXIT_BAD_INPUT, KERNEL_GEN_HELP, OUTPUT_FORMAT_HELP, Output, kernel_option  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
-from ..output.split_text import split_summary
 
 EXIT_NOTHING_ILLEGAL, EXIT_EXPLAINED = 0, 1
 
@@ -70,7 +65,10 @@ def register(app) -> None:
         output_file: Optional[str] = typer.Option(None, "--output-file", help="Write the results to this file instead of stdout (diagnostics stay on stderr)."),
     ):
         from ..bisect import BisectOptions, diagnose
+        from ..facts.knowledge import resolve_gpu
         from ..ingest import build_config, read_inputs
+        from ..inputs.batch import parse_engine
+        from ..output import formats
 
         output = Output.for_flags(as_json, quiet, output_format, output_file)
         err_console = output.err_console
@@ -145,6 +143,8 @@ def _recognised_text(err) -> str:
 
 
 def _fmt_cfg(cfg) -> str:
+    from ..facts.names import SUMMARY_SETTINGS
+
     parts = [f"{k}={cfg.values[k]}" for k in SUMMARY_SETTINGS if cfg.values.get(k) is not None]
     if cfg.dp_attention and cfg.chunk_per_rank() is not None:
         parts.append(f"(chunked prefill per DP rank: {cfg.chunk_per_rank()})")
@@ -153,6 +153,8 @@ def _fmt_cfg(cfg) -> str:
 
 def render_diagnosis(diag, console) -> None:
     """The human story: what was read, the error, the timeline, the step, the rule, the numbers, the fix."""
+    from ..output.split_text import split_summary
+
     ev = diag.evidence
     p = console.print
     if ev is not None:

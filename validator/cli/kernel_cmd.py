@@ -18,9 +18,7 @@ from typing import Optional
 import typer
 
 from ..errors import InputError
-from ..facts.knowledge import build_record as build_facts
 from ..output.writer import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, Output  # noqa: F401 (EXIT_BAD_INPUT: Output.error)
-from .session import check_documents
 
 EXIT_AGREE, EXIT_DISAGREE = 0, 1
 
@@ -93,7 +91,9 @@ def kernel_provider(provider: str, kernel_gen: Optional[str], vllm_flashmla: Opt
     from ..kernel_mode.vllm_bundle import ENV_VAR
 
     if kernel_gen is not None:
-        build_facts(kernel_gen)      # an unknown build is an InputError naming --build's value
+        from ..facts.knowledge import build_record
+
+        build_record(kernel_gen)      # an unknown build is an InputError naming --build's value
     if vllm_flashmla is not None:
         if not os.path.isdir(vllm_flashmla):
             raise InputError("--vllm-flashmla", f"{vllm_flashmla} is not a folder")
@@ -175,6 +175,8 @@ def kernel_check_cmd(
     from ..kernel_mode.check import kernel_check_report, render_kernel_result
     output = Output.for_flags(as_json)
     try:
+        from .session import check_documents
+
         report, _payload = check_documents(file, gpu, None)
         if limit is not None:
             if limit < 1:

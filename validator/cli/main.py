@@ -5,15 +5,21 @@ naming the field), 4 internal error (one line; ``VALIDATE_BATCH_DEBUG=1`` adds t
 Kernel mode adds 3 (unavailable here); ``--strict-provenance`` adds 5 (the verdict rests on a fact
 that is not measured on its build).
 
-This module loads nothing heavy: ``--version`` is answered here, before any command is loaded.
-The commands themselves are in :mod:`validate_batch.cli.app` (their names are also reachable from
-here).
+This module loads nothing heavy: ``--version`` is answered here, before any command is loaded; the
+common forms of ``check``, ``metadata`` and ``rules`` run from :mod:`validate_batch.cli.commands`
+without typer (:func:`~validate_batch.cli.commands.direct_call`); every other command line goes to
+typer's app in :mod:`validate_batch.cli.app`. The names of both are also reachable from here.
 """
 from __future__ import annotations
 
 import signal
 import sys
 from typing import Optional
+
+
+#: the commands :func:`validate_batch.cli.commands.direct_call` may run without typer (its
+#: ``DIRECT_COMMANDS``; a test holds the two equal): any other command line loads typer's app alone
+DIRECT = frozenset({"check", "metadata", "rules"})
 
 
 def main(args: Optional[list[str]] = None) -> None:
@@ -28,19 +34,30 @@ def main(args: Optional[list[str]] = None) -> None:
 
         print(version_line())
         sys.exit(0)
-    from . import app as commands
+    if argv and argv[0] in DIRECT:
+        from . import commands
 
-    commands.run(argv, args)
+        call = commands.direct_call(argv)
+        if call is not None:
+            commands.run_direct(*call)
+    from . import app
+
+    app.run(argv, args)
 
 
 def __getattr__(name: str):
-    # the commands' names (``app``, ``check``, ``direct_call``, ...), for callers that import them from here
+    # the commands' names (``app``, ``check``, ``direct_call``, ...), for callers that import them from
+    # here: the direct path's bodies first, then typer's declarations
     if name.startswith("__"):         # (the import system asks for __path__ and the like)
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from . import app as commands
+    from . import commands
+
+    if hasattr(commands, name):
+        return getattr(commands, name)
+    from . import app
 
     try:
-        return getattr(commands, name)
+        return getattr(app, name)
     except AttributeError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 

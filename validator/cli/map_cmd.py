@@ -8,23 +8,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.text import Text
-
 from ..errors import InputError
-from ..inputs.documents import example_path, load_documents
-from ..legality.maps import (
-    AXES,
-    IMAGE_FORMATS,
-    PAIRS,
-    boundary_csv,
-    engine_source,
-    legality_map,
-    maps_across_builds,
-    save_image,
-    source_from_documents,
-)
+from ..legality.map_axes import AXES, IMAGE_FORMATS, PAIRS
 from ..output.writer import KERNEL_GEN_HELP, Output, kernel_option
-from ..inputs.quick import batch_doc_from_flags
 
 HELP = """Map where a step is legal, falls back or crashes, over two axes, for a FlashMLA build.
 
@@ -64,6 +50,8 @@ def _point(text: Optional[str]) -> Optional[tuple]:
 
 
 def render_terminal(maps, console, columns: int = 64, rows: int = 16) -> None:
+    from rich.text import Text
+
     """A coarse character grid per map (highest row value on top) and each row's edges."""
     for m in maps:
         console.print(Text(f"{m.build}: {m.x_axis} {m.x_range[0]}..{m.x_range[1]} (across) x {m.y_axis} (up)",
@@ -150,6 +138,11 @@ def register(app) -> None:
         out_file: Optional[str] = typer.Option(None, "-o", "--output", help="Write .png, .svg, .json or .csv (by extension); none: the terminal."),
         progress: Optional[bool] = typer.Option(None, "--progress/--no-progress", help="Rows mapped so far, on stderr (default: when stderr is a terminal)."),
     ):
+        from ..inputs.documents import example_path, load_documents
+        from ..inputs.quick import batch_doc_from_flags
+        from ..legality.maps import (boundary_csv, engine_source, legality_map, maps_across_builds, save_image,
+                                     source_from_documents)
+
         output = Output()
         try:
             for name, flag in ((x, "--x"), (y, "--y")):

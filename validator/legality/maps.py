@@ -34,27 +34,13 @@ from ..guard.checker import Checker
 from ..facts.fields import MAX_REQUESTS
 from ..inputs.batch import batch_from_dict
 from ..facts.knowledge import build_names, resolve_gpu
+from .map_axes import AXES, IMAGE_FORMATS, PAIRS  # noqa: F401 (also read from here)
 from .search import largest_legal
 from ..cli.session import split_device_header
 from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
 
-#: axis name -> (what it means, default lowest value, default highest value)
-AXES: dict[str, tuple[str, int, int]] = {
-    "prefill_tokens": ("extend rows (new prefill tokens) of one step", 1, 24576),
-    "running_decodes": ("running decodes (merged into the step under mixed chunking)", 0, 256),
-    "requests": ("requests in a target-verify step", 1, 4096),
-    "draft_tokens": ("speculative draft tokens per request", 1, 8),
-    "b": ("query rows b of the kernel call", 1, 24576),
-    "s_q": ("query tokens per row s_q of the kernel call", 1, 4),
-}
-#: (searched axis, row axis) -> what kind of source it needs
-PAIRS: dict[tuple[str, str], str] = {
-    ("prefill_tokens", "running_decodes"): "engine",
-    ("requests", "draft_tokens"): "engine",
-    ("b", "s_q"): "call",
-}
 KINDS = ("legal", "fallback", "illegal")
 FALLBACK_CODE = "FMLA015"
 MAX_ROWS_PER_MAP = 1024
@@ -429,7 +415,6 @@ def maps_across_builds(src: Source, x_axis: str = "prefill_tokens", y_axis: str 
 
 # ---------------------------------------------------------------------------------- pictures
 COLORS = {"legal": "#2e9d4a", "fallback": "#f5a623", "illegal": "#d0312d"}
-IMAGE_FORMATS = ("png", "svg")
 
 
 def _pyplot():

@@ -17,9 +17,6 @@ import sys
 import traceback
 from typing import Any, Callable, NoReturn, Optional
 
-import typer
-from rich.console import Console
-
 from ..errors import InputError
 from ..facts.knowledge import build_record
 from .safe import SafeStream, clean, clean_lines
@@ -36,17 +33,27 @@ OUTPUT_FORMAT_HELP = ("text (default), json (one object; --json), jsonl (one obj
                       "(GitHub Actions annotations), junit (JUnit XML), sarif (SARIF 2.1.0)")
 
 
-class _SafeConsole(Console):
+_SAFE_CONSOLE: list = []
+
+
+def _safe_console_class():
     """A rich console whose text is made inert (:mod:`validate_batch.output.safe`): every string it
-    renders, and every line it writes."""
+    renders, and every line it writes. Defined on first use: rich loads only when something is
+    rendered for a reader (JSON, quiet and the CI formats never load it)."""
+    if not _SAFE_CONSOLE:
+        from rich.console import Console
 
-    def render_str(self, text: str, *args: Any, **kwargs: Any):
-        return super().render_str(clean_lines(text), *args, **kwargs)
+        class SafeConsole(Console):
+            def render_str(self, text: str, *args: Any, **kwargs: Any):
+                return super().render_str(clean_lines(text), *args, **kwargs)
+
+        _SAFE_CONSOLE.append(SafeConsole)
+    return _SAFE_CONSOLE[0]
 
 
-def _console(stderr: bool) -> Console:
+def _console(stderr: bool):
     stream = SafeStream(sys.stderr if stderr else sys.stdout)
-    console = _SafeConsole(file=stream, highlight=False, soft_wrap=True, markup=False)
+    console = _safe_console_class()(file=stream, highlight=False, soft_wrap=True, markup=False)
     stream._keep_sgr = console.color_system is not None
     return console
 
@@ -70,8 +77,8 @@ class Output:
         if mode not in MODES:
             raise ValueError(f"output mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.mode = mode
-        self._out: Optional[Console] = None
-        self._err: Optional[Console] = None
+        self._out = None            # the rich consoles, made on first use
+        self._err = None
         self._file = None
         if output_file is not None:
             try:        # created (and emptied) at once: an empty result is still a file
@@ -115,15 +122,19 @@ class Output:
         return self.mode == "quiet"
 
     @property
-    def console(self) -> Console:
-        """stdout, for human-mode results (markup off unless a call asks for it)."""
+    def console(self):
+        """stdout, for human-mode results (markup off unless a call asks for it): a rich Console."""
         if self._out is None:
-            self._out = _console(stderr=False) if self._file is None else \
-                Console(file=self._file, highlight=False, soft_wrap=True, markup=False, width=100)
+            if self._file is None:
+                self._out = _console(stderr=False)
+            else:
+                from rich.console import Console
+
+                self._out = Console(file=self._file, highlight=False, soft_wrap=True, markup=False, width=100)
         return self._out
 
     @property
-    def err_console(self) -> Console:
+    def err_console(self):
         """stderr, for progress and diagnostics."""
         if self._err is None:
             self._err = _console(stderr=True)
@@ -153,7 +164,7 @@ class Output:
         """Bad input: ``error: MESSAGE`` on stderr, exit 2."""
         line = clean(" ".join(str(message).split()))
         print(f"error: {line}", file=sys.stderr)
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise SystemExit(EXIT_BAD_INPUT)
 
     def error(self, e: InputError) -> NoReturn:
         """Bad input: one line on stderr naming the field (``error: FIELD: MESSAGE``), exit 2."""

@@ -1,0 +1,81 @@
+"""What each common command line loads: the console script runs ``rules``, ``check`` and
+``metadata`` without typer, writes JSON and quiet output without rich, gives help to a pipe as plain
+text without rich, and builds no numpy array where no schedule is built and no column read. Each
+case runs the console script's entry in a fresh interpreter (as the installed script runs) and
+reads ``sys.modules`` when it exits."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("typer", "rich", "numpy", "click", "pydantic")
+
+# run main(), then on exit print which heavy modules were loaded (stdout of the command goes to a file)
+PROBE = (
+    "import atexit, json, sys\n"
+    "def report():\n"
+    "    loaded = sorted(m for m in %r if m in sys.modules)\n"
+    "    sys.__stderr__.write('LOADED ' + json.dumps(loaded) + '\\n')\n"
+    "atexit.register(report)\n"
+    "from validate_batch.cli.main import main\n"
+    "main()\n"
+) % (HEAVY,)
+
+
+def loaded(argv: list[str], stdin: str | None = None) -> tuple[int, str, list[str]]:
+    p = subprocess.run([sys.executable, "-c", PROBE, *argv], input=stdin, capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("LOADED "))
+    return p.returncode, p.stdout, json.loads(line[len("LOADED "):])
+
+
+def test_rules_as_json_loads_none_of_them():
+    code, out, mods = loaded(["rules", "--json"])
+    assert code == 0 and mods == []
+    codes = [r["code"] for r in json.loads(out)]
+    assert "FMLA001" in codes and "SLOT001" in codes
+
+
+def test_rules_table_loads_rich_but_not_typer_or_numpy():
+    code, out, mods = loaded(["rules"])
+    assert code == 0 and "FMLA001" in out
+    assert mods == ["rich"]
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["check", "--help"], ["bisect", "--help"]])
+def test_help_to_a_pipe_is_plain_text_without_rich_or_numpy(argv):
+    code, out, mods = loaded(argv)
+    assert code == 0
+    assert out.startswith("Usage: ")
+    assert not set("┏┃╭│━─") & set(out), "box drawing: rich rendered the help"
+    assert "rich" not in mods and "numpy" not in mods
+    if argv == ["--help"]:
+        assert "pydantic" not in mods       # (a command's own help converts its parameters: typer loads it)
+        for command in ("check", "metadata", "rules", "explain", "bisect", "kernel-check", "map", "gpus"):
+            assert f"\n  {command} " in out, command
+
+
+def test_check_json_loads_neither_typer_nor_rich():
+    code, out, mods = loaded(["check", "--example", "dsv4-prefill-3x4096", "--json"])
+    assert code == 1
+    assert json.loads(out)["legal"] is False
+    assert "typer" not in mods and "rich" not in mods and "click" not in mods
+    assert "numpy" in mods          # the model's columns and schedules are arrays
+
+
+def test_metadata_quiet_loads_neither_typer_nor_rich():
+    record = '{"kind": "sparse", "b": 11623, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}'
+    code, out, mods = loaded(["metadata", "-", "-q"], record)
+    assert code == 1 and out == ""
+    assert "typer" not in mods and "rich" not in mods
+
+
+def test_a_form_the_direct_path_does_not_read_still_runs_through_typer():
+    code, out, mods = loaded(["check", "--example=dsv4-prefill-3x4096", "--json"])
+    assert code == 1 and json.loads(out)["legal"] is False
+    assert "typer" in mods
