@@ -208,6 +208,24 @@ class DeepGemmPlan:
         lims = self.limits
         return min(lim.max_batch for lim in lims) if lims else None
 
+    @property
+    def empty_batch(self) -> dict | None:
+        """This GPU's layout's ``empty_batch`` facts, when the version's kernel fails on a batch whose
+        every context length is 0 (None: it does not, or no layout)."""
+        lay = self.layout
+        return None if lay is None or self.call.varlen else lay.get("empty_batch")
+
+    @property
+    def lengths_all_zero(self) -> bool | None:
+        """Whether every request's context length is 0: None when the record gives no lengths (the
+        verdict then does not depend on them)."""
+        c = self.call
+        if c.context_lens is not None:
+            return not any(c.context_lens)
+        if c.context_len is not None:
+            return c.context_len == 0
+        return None
+
     def to_dict(self, with_schedule: bool = True) -> dict:
         return {"call": self.call.to_record(), "implementation": None, "num_sm_parts": None,
                 "deepgemm": self.facts["name"], "planner": "caller" if self.replaced else "deepgemm",

@@ -124,3 +124,72 @@ def mqa_metadata_smem(p: DeepGemmPlan):
         fix=f"chunk the indexer metadata into at least {steps} calls of <= {top} requests"
             + (", or set SGLANG_OPT_USE_JIT_INDEXER_METADATA=1" if cf is not None and c.next_n == 1 else ""),
         failure=load("deepgemm")[_LIMIT_FAILURE[lim.kind]])]
+
+
+def _empty_batch_facts(p: DeepGemmPlan) -> tuple:
+    return ("metadata.{layout}.empty_batch",) if p.empty_batch is not None else ()
+
+
+def empty_batch_page() -> dict:
+    """The numbers DG002's page quotes, from 54e2261's SM90 layout."""
+    fact = version("deepgemm-54e2261")["metadata"]["9"]["empty_batch"]
+    m = fact["batch_multiple_of"]
+    return {"multiple": m, "example": 2 * m, "next": 2 * m + 1}
+
+
+@rule("DG002", page=empty_batch_page, reads="lengths", subject=RULE_KIND, added=39, facts=_empty_batch_facts,
+      title="DeepGEMM paged MQA-logits metadata: every context length 0 at a batch that is a multiple of 32",
+      failure=Failure("illegal_memory_access",
+                      "the SM90 metadata kernel reads one int past its shared prefix array; the launch's sync "
+                      "raises 'CUDA error: an illegal memory access was encountered' and the CUDA context is lost"),
+      source="DeepGEMM 54e2261 deep_gemm/include/deep_gemm/scheduler/sm90_paged_mqa_logits.cuh:104-113 (the search "
+             "ends at q_idx = batch_size and reads prefix_sum[batch_size]), csrc/jit_kernels/impls/"
+             "sm90_fp8_mqa_logits.hpp:207-209 (align(batch, 32) ints of shared memory); measured on an H200 "
+             "(fixtures/measured/deepgemm_h200_54e2261_empty_probes.jsonl)")
+def mqa_metadata_empty_batch(p: DeepGemmPlan):
+    """DeepGEMM's SM90 metadata kernel overruns its shared array when no request has any KV to index.
+
+    ## What it checks
+    A ``get_paged_mqa_logits_metadata`` call on SM90 whose every context length is 0 (the last of each
+    request's ``next_n`` lengths: what the kernel reads), on a DeepGEMM version whose kernel reads past
+    its shared prefix array then: DeepGEMM 54e2261, and SGLang 0.5.23's sgl-deep-gemm 0.2.5, whose SM90
+    metadata kernel is the same file. It fails when the batch is a multiple of {{multiple}} (the array is
+    ``align(batch, 32)`` ints, so the one-past read falls inside the padding otherwise). vLLM 0.33's
+    bundled deep_gemm 2.8.1 runs the same calls.
+
+    ## Why it crashes
+    With nothing to split, every SM's binary search over the prefix sums ends at ``batch`` and the kernel
+    reads ``prefix_sum[batch]``, the int after the ``align(batch, 32)`` it asked for: compute-sanitizer
+    reports ``Invalid __shared__ read of size 4 bytes`` in ``sm90_paged_mqa_logits_metadata``, and the
+    step fails with ``CUDA error: an illegal memory access was encountered`` (the CUDA context is lost:
+    the process must restart).
+
+    ## Example
+    ``{"kind": "paged_mqa_logits_metadata", "batch": {{example}}, "context_lens": [0, 0, ...]}`` (every one of
+    the {{example}} lengths 0) fails; the same call with {{next}} requests runs, and so does one with any
+    length above 0.
+
+    ## Fix
+    Skip the indexer's metadata call for a step with no KV to index, or give the padding requests a
+    length of at least 1 (or pad to a batch that is not a multiple of {{multiple}}).
+
+    ## Source
+    DeepGEMM 54e2261 ``deep_gemm/include/deep_gemm/scheduler/sm90_paged_mqa_logits.cuh:104-113``,
+    ``csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:207-209``.
+    """
+    fact = p.empty_batch
+    if fact is None or p.replaced or p.lengths_all_zero is not True:
+        return None
+    c = p.call
+    m = fact["batch_multiple_of"]
+    if c.batch % m:
+        return None
+    return [mqa_metadata_empty_batch.rule.finding(
+        f"batch {c.batch} with every context length 0 on DeepGEMM {p.facts['name']}'s SM90 MQA-logits metadata: "
+        f"the kernel reads prefix_sum[{c.batch}], past its {c.batch} shared ints; expected a batch that is not a "
+        f"multiple of {m} or a non-zero length, got batch {c.batch} (= {c.batch // m} x {m}) with every length 0",
+        subject=c.label or c.summary(),
+        numbers={"batch": c.batch, "batch_multiple_of": m, "max_context_len": 0},
+        fix="skip the indexer metadata call when no request has KV to index, or give padding requests a "
+            f"length of at least 1 (or a batch of {c.batch + 1} / {c.batch - 1})",
+        failure=load("deepgemm")["empty_batch_failure"])]

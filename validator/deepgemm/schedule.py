@@ -8,7 +8,7 @@ with it value for value (read at vLLM 0.33.0's bundled deep_gemm 2.8.1,
 
 1. Each request is cut into ``ceil(context_len / split_kv)`` KV splits (the last of its ``next_n`` lengths
    when the lengths are two-dimensional); a running sum over the requests gives each one's end.
-2. Each request counts ``atoms`` times (its query tokens in scheduler items); the ``total`` splits are
+2. Each request counts ``atoms`` times (its query tokens in scheduler items: :func:`atoms_for`); the ``total`` splits are
    dealt out to the SMs in order, ``total // num_sms`` each, the last ``total % num_sms`` SMs one more.
 3. SM ``i`` starts at split ``i * q + max(i - (num_sms - r), 0)``: the request it falls in (a binary search
    over the running sums), the item within the request, and the split within the item.
@@ -22,6 +22,15 @@ from typing import Sequence
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def atoms_for(facts: dict, next_n: int) -> int:
+    """Scheduler items per request for a version's ``schedule`` facts: ``atoms`` when the version
+    gives one number for every ``next_n`` (vLLM 0.33's 2.8.1: 1), else ``ceil(next_n / next_n_atom)``
+    from ``next_n`` 2 on and 1 at ``next_n`` 1 (DeepGEMM 54e2261: items of up to 2 query tokens)."""
+    if "atoms" in facts:
+        return int(facts["atoms"])
+    return 1 if next_n < 2 else _cdiv(next_n, int(facts["next_n_atom"]))
 
 
 def mqa_metadata(context_lens: Sequence[int], num_sms: int, split_kv: int = 256, atoms: int = 1) -> list[list[int]]:

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from ..deepgemm.calls import DEFAULT_CONTEXT_LEN, DeepGemmPlan
 from ..deepgemm.calls import plan as dg_plan
-from ..deepgemm.schedule import mqa_metadata
+from ..deepgemm.schedule import atoms_for, mqa_metadata
 from ..errors import InputError
 from ..facts.knowledge import load
 from ..flashinfer.calls import FlashInferPlan, MlaPlanCall
@@ -295,7 +295,7 @@ def schedule_diff(p: DeepGemmPlan, got: dict) -> dict | None:
     lens = list(c.context_lens) if c.context_lens is not None else \
         [got.get("context_len", DEFAULT_CONTEXT_LEN)] * c.batch
     num_sms = int(got.get("num_sms") or p.gpu.num_sms)
-    want = mqa_metadata(lens, num_sms, facts["split_kv"], facts["atoms"])
+    want = mqa_metadata(lens, num_sms, facts["split_kv"], atoms_for(facts, c.next_n))
     have = [list(r) for r in got["metadata"]]
     if want == have:
         return {"identical": True, "summary": f"identical: {len(want)} rows"}
