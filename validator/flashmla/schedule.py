@@ -42,7 +42,7 @@ import sys
 import weakref
 from threading import Lock
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from itertools import accumulate
 
 from .. import _accel
@@ -51,7 +51,7 @@ from .._numpy import numpy_on_first_use
 np = numpy_on_first_use(globals())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Period:
     """The periodic walk of a uniform-length schedule (see the module docstring).
 
@@ -65,6 +65,10 @@ class Period:
     Q: int
     w: int
     m: int
+
+    def __init__(self, T: int, L: int, Q: int, w: int, m: int):
+        # (one dict for the fields: a frozen dataclass's own __init__ sets each through object.__setattr__)
+        object.__setattr__(self, "__dict__", {"T": T, "L": L, "Q": Q, "w": w, "m": m})
 
     def start(self, p: int) -> int:
         if self.T:
@@ -417,6 +421,10 @@ class Schedule:
         return out
 
 
+#: every field of a Schedule, at its default where it has one (the uniform path builds its Schedules from it)
+_SCHEDULE_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(Schedule)}
+
+
 def block_counts(s: np.ndarray, block: int = 64) -> np.ndarray:
     """``n_i = max(s_i - 1, 0) // block + 1``: an empty sequence still counts one block."""
     return np.maximum(s - 1, 0) // block + 1
@@ -602,8 +610,13 @@ def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: Wa
         if memo is not None:
             memo.put(key, hit)
     pr, num_events, last_event = hit
-    return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
-                    num_split_events=num_events, last_split_request=last_event)
+    # (a Schedule of these fields, the others at their defaults, without the constructor's keyword binding)
+    sch = object.__new__(Schedule)
+    d = sch.__dict__
+    d.update(_SCHEDULE_DEFAULTS)
+    d["b"], d["num_sm_parts"], d["uniform"], d["fixed_overhead"], d["block"] = b, P, uniform, F, block
+    d["total"], d["period"], d["num_split_events"], d["last_split_request"] = b * w, pr, num_events, last_event
+    return sch
 
 
 def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,
