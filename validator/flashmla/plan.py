@@ -220,11 +220,11 @@ class Plan:
         :mod:`validate_batch.facts.provenance`)."""
         return "flashmla", self.gen["name"], self.gen["build"], {}
 
-    @property
+    @cached
     def block_size(self) -> int:
         return self.gen["block_size"]
 
-    @property
+    @cached
     def fixed_overhead(self) -> int | None:
         return self.implementation.fixed_overhead if self.implementation else None
 
@@ -449,7 +449,7 @@ def _call_record(c: KernelCall) -> dict | str:
 
 #: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)
 SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv", "sched_smem_formula", "is_decode",
-               "runs_attention")
+               "runs_attention", "block_size", "fixed_overhead")
 
 _HOISTED: dict[tuple, dict] = {}
 
