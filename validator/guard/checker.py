@@ -469,12 +469,15 @@ class Checker:
         carries the full report and safe split.
         """
         if forward_mode is None and step.__class__ is not str:
-            if step is None:
+            if hasattr(step, "reqs") and hasattr(step, "forward_mode"):     # an SGLang ScheduleBatch
+                fs = adapters.sglang_fast(step, self)
+            elif step is None:
                 raise _no_step()
-            if isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
+            elif isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
                 report = self.check(step, as_written=as_written)
                 return LEGAL if report.legal else Verdict(False, report)
-            fs = adapters.fast_step(step, self)
+            else:
+                fs = adapters.fast_step(step, self)
             if fs is None:  # idle
                 return LEGAL
             if self._decide(*fs):

@@ -266,7 +266,9 @@ def _member_mode(fm: Any) -> tuple | None:
     return hit
 
 
-def _sglang_fast(batch: Any, checker) -> tuple | None:
+def sglang_fast(batch: Any, checker) -> tuple | None:
+    """``(forward mode, query rows, largest slot)`` of an SGLang ``ScheduleBatch`` (what :func:`fast_step`
+    gives for one); None when nothing runs."""
     # (the members from module names: on Python 3.11 each ``Mode.X`` read costs about 0.2 us)
     fm = batch.forward_mode
     hit = _MEMBER_MODES.get(id(fm))
@@ -454,12 +456,12 @@ def step_lists(obj: Any, checker) -> dict | None:
 def fast_step(obj: Any, checker) -> tuple | None:
     """``(forward mode, query rows, largest slot)`` of an engine object, read as cheaply as possible."""
     if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):    # a ScheduleBatch (a plan has no reqs)
-        return _sglang_fast(obj, checker)
+        return sglang_fast(obj, checker)
     obj = _planned_batch(obj)
     if obj is None:
         return None
     if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):
-        return _sglang_fast(obj, checker)
+        return sglang_fast(obj, checker)
     if is_vllm_output(obj):
         return _vllm_fast(obj, checker)
     step_lists(obj, checker)  # raises the InputError
@@ -475,4 +477,4 @@ def to_batch(obj: Any, checker):
 
 
 __all__ = ["is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
-           "fast_step", "to_batch", "SGLANG_MODES"]
+           "fast_step", "sglang_fast", "to_batch", "SGLANG_MODES"]
