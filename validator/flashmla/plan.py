@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from ..facts.formula import Formula, formula_field
 from ..facts.knowledge import GPU, build_record, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
-from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
+from .schedule import (Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference,
+                       uniform_schedule)
 from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
@@ -311,11 +312,10 @@ class Plan:
         if self.gen.get("algorithm") == "first_generation":
             return self.reference_schedule()
         arr, uni = self.lengths
-        if self.memo is not None:
-            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni,
-                                 b=self.call.b, memo=self.memo)
         if uni is not None:
-            return schedule_fast(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
+            return uniform_schedule(self.call.b, self.num_sm_parts, self.fixed_overhead, self.block_size, uni, self.memo)
+        if self.memo is not None:
+            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, memo=self.memo)
         return schedule_fast(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
 
     def reference_schedule(self) -> Schedule | None:

@@ -598,7 +598,9 @@ def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
     return _walk_prefix(memoryview(prefix) if b > _MEMORYVIEW_RATIO * P else prefix.tolist(), P, F, total)
 
 
-def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:
+def uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:
+    """The schedule of ``b`` requests of one effective length ``uniform`` (:func:`schedule_fast` and
+    :func:`schedule_memo` with ``uniform``): the periodic walk, its period kept in ``memo`` when given."""
     w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
     hit = None
     if memo is not None:    # the period depends on b, P, F and the width alone
@@ -628,7 +630,7 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
-        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
+        return uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
     if _accel.compiled is not None:
         return _schedule_compiled(s, P, F, block)
     s, b, prefix, total = _stream(s, P, F, block)
@@ -690,21 +692,24 @@ class WalkMemo:
             self.hits = self.misses = 0
 
     def get(self, key):
+        d = self._d
         with self._lock:
-            v = self._d.get(key)
+            v = d.get(key)
             if v is None:
                 self.misses += 1
             else:
                 self.hits += 1
-                self._d.move_to_end(key)
-            return v
+                d.move_to_end(key)
+        return v
 
     def put(self, key, value) -> None:
+        d = self._d
         with self._lock:
-            self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self.maxsize:
-                self._d.popitem(last=False)
+            if key in d:
+                d.move_to_end(key)
+            d[key] = value              # a new key goes last
+            while len(d) > self.maxsize:
+                d.popitem(last=False)
 
 
 #: every memo, so that a forked child gets fresh locks: a thread of the parent may have held one at the
@@ -732,7 +737,7 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
-        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
+        return uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
     if _accel.compiled is not None:     # the compiled walk costs less than looking it up
         return _schedule_compiled(s, P, F, block)
     s = np.asarray(s, dtype=np.int64)
