@@ -222,7 +222,10 @@ def sglang_lists(batch: Any, checker) -> dict | None:
     if mode is None or n == 0:
         return None
     members, member_ids = _beam_rows(batch, mode)
-    out: dict = {"forward_mode": mode.value, "rids": [str(r.rid) for r in reqs] + member_ids}
+    rids = [str(r.rid) for r in reqs]
+    if member_ids:
+        rids += member_ids
+    out: dict = {"forward_mode": mode.value, "rids": rids}
     if mode.is_routable() or (mode.is_draft_extend() and getattr(batch, "extend_lens", None) is not None):
         out["extend_lens"] = _extend_lens(batch, n)
         pre = getattr(batch, "prefix_lens", None)
