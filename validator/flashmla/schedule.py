@@ -614,10 +614,10 @@ def uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: Wal
     pr, num_events, last_event = hit
     # (a Schedule of these fields, the others at their defaults, without the constructor's keyword binding)
     sch = object.__new__(Schedule)
-    d = sch.__dict__
-    d.update(_SCHEDULE_DEFAULTS)
+    d = _SCHEDULE_DEFAULTS.copy()
     d["b"], d["num_sm_parts"], d["uniform"], d["fixed_overhead"], d["block"] = b, P, uniform, F, block
     d["total"], d["period"], d["num_split_events"], d["last_split_request"] = b * w, pr, num_events, last_event
+    sch.__dict__ = d
     return sch
 
 
