@@ -521,7 +521,9 @@ class Dsv4Profile(Profile):
             if extra_topk is None:
                 extra_len, ranges = None, {"topk_length": tl_range}
             else:
-                extra_len = np.minimum(lengths // r, extra_topk)
+                extra_len = lengths // r
+                if hi // r > extra_topk:       # (else no row reaches the width: nothing to clamp)
+                    np.minimum(extra_len, extra_topk, out=extra_len)
                 ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
             p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet)
             bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))

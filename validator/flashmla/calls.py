@@ -219,8 +219,7 @@ class DecodeCall:
         ``ranges``: the exact ``(min, max)`` of the length arrays when the caller knows them
         (see :attr:`length_ranges`)."""
         call = object.__new__(DecodeCall)
-        fields = call.__dict__
-        fields.update(self.__dict__)
+        fields = self.__dict__.copy()       # (one sized copy: an update grows an empty dict step by step)
         fields.pop("length_ranges", None)
         fields["b"] = b
         fields["topk_length"] = topk_length
@@ -228,6 +227,7 @@ class DecodeCall:
         fields["meta"] = {}
         if ranges is not None:
             fields["length_ranges"] = ranges
+        object.__setattr__(call, "__dict__", fields)
         return call
 
     def light(self) -> "DecodeCall":

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 from ..facts.formula import Formula, formula_field
 from ..facts.knowledge import GPU, build_record, generation, resolve_gpu
 from .calls import MAX_ROWS, DecodeCall, KernelCall, SparsePrefillCall, cached, call_from_record
-from .schedule import Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference
+from .schedule import (Schedule, WalkMemo, schedule_fast, schedule_first_generation, schedule_memo, schedule_reference,
+                       uniform_schedule)
 from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
@@ -211,7 +212,7 @@ class Plan:
     memo: WalkMemo | None = None    # reuse walks of earlier steps (a Checker's own memo), or None
     quiet_rules: frozenset = frozenset()   # shape-only rules known silent for this shape (see registry)
 
-    @property
+    @cached
     def is_decode(self) -> bool:
         return isinstance(self.call, DecodeCall)
 
@@ -220,11 +221,11 @@ class Plan:
         :mod:`validate_batch.facts.provenance`)."""
         return "flashmla", self.gen["name"], self.gen["build"], {}
 
-    @property
+    @cached
     def block_size(self) -> int:
         return self.gen["block_size"]
 
-    @property
+    @cached
     def fixed_overhead(self) -> int | None:
         return self.implementation.fixed_overhead if self.implementation else None
 
@@ -245,7 +246,7 @@ class Plan:
             out["P"] = self.num_sm_parts
         return out
 
-    @property
+    @cached
     def sched_smem_bytes(self) -> int:
         """Dynamic shared memory the scheduling kernel asks for, in bytes (``sched_smem.bytes``)."""
         f = self.sched_smem_formula
@@ -286,7 +287,7 @@ class Plan:
             return False
         return c.topk + (c.extra_topk or 0) >= gate["min_topk_total"]
 
-    @property
+    @cached
     def scheduler_runs(self) -> bool:
         """False when the kernel exits before writing any metadata (no implementation, or b too big),
         when the call does not split the KV, and for a call of no rows (which validated input never
@@ -311,11 +312,10 @@ class Plan:
         if self.gen.get("algorithm") == "first_generation":
             return self.reference_schedule()
         arr, uni = self.lengths
-        if self.memo is not None:
-            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni,
-                                 b=self.call.b, memo=self.memo)
         if uni is not None:
-            return schedule_fast(None, self.num_sm_parts, self.fixed_overhead, self.block_size, uniform=uni, b=self.call.b)
+            return uniform_schedule(self.call.b, self.num_sm_parts, self.fixed_overhead, self.block_size, uni, self.memo)
+        if self.memo is not None:
+            return schedule_memo(arr, self.num_sm_parts, self.fixed_overhead, self.block_size, memo=self.memo)
         return schedule_fast(arr, self.num_sm_parts, self.fixed_overhead, self.block_size)
 
     def reference_schedule(self) -> Schedule | None:
@@ -349,20 +349,20 @@ class Plan:
             out[:, k] = md[:, CANONICAL_LAYOUT.index(name)]
         return out
 
-    @property
+    @cached
     def runs_attention(self) -> bool:
         """The record is an attention call (``flash_mla_with_kvcache``), not the hoisted metadata op
         alone: split-KV buffers, o_accum offsets and the combine kernel belong to the call."""
         return self.call.entry == "flash_mla_with_kvcache"
 
-    @property
+    @cached
     def workspace_rows(self) -> int | None:
         """Rows of the split-KV accumulators: ``b + num_sm_parts`` (None: no split-KV attention call)."""
         if not self.is_decode or self.num_sm_parts is None or not self.runs_attention or not self.split_kv:
             return None
         return self.call.b + self.num_sm_parts
 
-    @property
+    @cached
     def workspace_bytes(self) -> int | None:
         """fp32 ``lse_accum [b+P, s_q, h_q]`` plus ``o_accum [b+P, s_q, h_q, d_v]``."""
         rows = self.workspace_rows
@@ -372,7 +372,7 @@ class Plan:
         acc = self.gen["oaccum"]
         return rows * c.s_q * c.h_q * acc["accum_bytes"] * (1 + acc["d_v"])
 
-    @property
+    @cached
     def combine_grid(self) -> tuple[int, int, int] | None:
         """The combine kernel's launch grid ``(x, y, z)`` on this build (None: the call runs no
         combine, or the build's grid is not recorded)."""
@@ -394,11 +394,21 @@ class Plan:
         generation, implementation and partitions, which depend on the shape alone, so nothing
         is recomputed."""
         p = object.__new__(Plan)
-        p.__dict__.update(call=call, gpu=self.gpu, gen=self.gen, implementation=self.implementation,
-                          num_sm_parts=self.num_sm_parts, memo=memo, quiet_rules=quiet_rules)
-        for name in SHAPE_FACTS:        # they depend on the shape alone: computed once on the shape's plan
-            p.__dict__[name] = getattr(self, name)
+        fields = self.shape_fields.copy()
+        fields["call"], fields["memo"], fields["quiet_rules"] = call, memo, quiet_rules
+        object.__setattr__(p, "__dict__", fields)
         return p
+
+    @cached
+    def shape_fields(self) -> dict:
+        """What every plan :meth:`for_call` makes from this one shares with it: the GPU, generation,
+        implementation and partitions, and the facts that depend on the shape alone
+        (:data:`SHAPE_FACTS`, computed once here)."""
+        fields = {"gpu": self.gpu, "gen": self.gen, "implementation": self.implementation,
+                  "num_sm_parts": self.num_sm_parts}
+        for name in SHAPE_FACTS:
+            fields[name] = getattr(self, name)
+        return fields
 
     def to_dict(self, with_schedule: bool = True) -> dict:
         out: dict = {
@@ -438,7 +448,8 @@ def _call_record(c: KernelCall) -> dict | str:
 
 
 #: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)
-SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv", "sched_smem_formula")
+SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv", "sched_smem_formula", "is_decode",
+               "runs_attention", "block_size", "fixed_overhead")
 
 _HOISTED: dict[tuple, dict] = {}
 

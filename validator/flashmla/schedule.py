@@ -42,7 +42,7 @@ import sys
 import weakref
 from threading import Lock
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from itertools import accumulate
 
 from .. import _accel
@@ -51,7 +51,7 @@ from .._numpy import numpy_on_first_use
 np = numpy_on_first_use(globals())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Period:
     """The periodic walk of a uniform-length schedule (see the module docstring).
 
@@ -65,6 +65,10 @@ class Period:
     Q: int
     w: int
     m: int
+
+    def __init__(self, T: int, L: int, Q: int, w: int, m: int):
+        # (one dict for the fields: a frozen dataclass's own __init__ sets each through object.__setattr__)
+        object.__setattr__(self, "__dict__", {"T": T, "L": L, "Q": Q, "w": w, "m": m})
 
     def start(self, p: int) -> int:
         if self.T:
@@ -417,6 +421,10 @@ class Schedule:
         return out
 
 
+#: every field of a Schedule, at its default where it has one (the uniform path builds its Schedules from it)
+_SCHEDULE_DEFAULTS = {f.name: None if f.default is MISSING else f.default for f in fields(Schedule)}
+
+
 def block_counts(s: np.ndarray, block: int = 64) -> np.ndarray:
     """``n_i = max(s_i - 1, 0) // block + 1``: an empty sequence still counts one block."""
     return np.maximum(s - 1, 0) // block + 1
@@ -590,7 +598,9 @@ def _walk(prefix, b: int, P: int, F: int, total: int) -> tuple[list, list]:
     return _walk_prefix(memoryview(prefix) if b > _MEMORYVIEW_RATIO * P else prefix.tolist(), P, F, total)
 
 
-def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:
+def uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: WalkMemo | None = None) -> Schedule:
+    """The schedule of ``b`` requests of one effective length ``uniform`` (:func:`schedule_fast` and
+    :func:`schedule_memo` with ``uniform``): the periodic walk, its period kept in ``memo`` when given."""
     w = (uniform - 1 if uniform > 1 else 0) // block + 1 + F
     hit = None
     if memo is not None:    # the period depends on b, P, F and the width alone
@@ -602,8 +612,13 @@ def _uniform_schedule(b: int, P: int, F: int, block: int, uniform: int, memo: Wa
         if memo is not None:
             memo.put(key, hit)
     pr, num_events, last_event = hit
-    return Schedule(b, P, uniform=uniform, fixed_overhead=F, block=block, total=b * w, period=pr,
-                    num_split_events=num_events, last_split_request=last_event)
+    # (a Schedule of these fields, the others at their defaults, without the constructor's keyword binding)
+    sch = object.__new__(Schedule)
+    d = _SCHEDULE_DEFAULTS.copy()
+    d["b"], d["num_sm_parts"], d["uniform"], d["fixed_overhead"], d["block"] = b, P, uniform, F, block
+    d["total"], d["period"], d["num_split_events"], d["last_split_request"] = b * w, pr, num_events, last_event
+    sch.__dict__ = d
+    return sch
 
 
 def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, block: int = 64,
@@ -615,7 +630,7 @@ def schedule_fast(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
-        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
+        return uniform_schedule(len(s) if b is None else b, P, F, block, uniform)
     if _accel.compiled is not None:
         return _schedule_compiled(s, P, F, block)
     s, b, prefix, total = _stream(s, P, F, block)
@@ -677,21 +692,24 @@ class WalkMemo:
             self.hits = self.misses = 0
 
     def get(self, key):
+        d = self._d
         with self._lock:
-            v = self._d.get(key)
+            v = d.get(key)
             if v is None:
                 self.misses += 1
             else:
                 self.hits += 1
-                self._d.move_to_end(key)
-            return v
+                d.move_to_end(key)
+        return v
 
     def put(self, key, value) -> None:
+        d = self._d
         with self._lock:
-            self._d[key] = value
-            self._d.move_to_end(key)
-            while len(self._d) > self.maxsize:
-                self._d.popitem(last=False)
+            if key in d:
+                d.move_to_end(key)
+            d[key] = value              # a new key goes last
+            while len(d) > self.maxsize:
+                d.popitem(last=False)
 
 
 #: every memo, so that a forked child gets fresh locks: a thread of the parent may have held one at the
@@ -719,7 +737,7 @@ def schedule_memo(s: np.ndarray | None, num_sm_parts: int, fixed_overhead: int, 
     """
     P, F = num_sm_parts, fixed_overhead
     if uniform is not None:
-        return _uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
+        return uniform_schedule(len(s) if b is None else b, P, F, block, uniform, memo)
     if _accel.compiled is not None:     # the compiled walk costs less than looking it up
         return _schedule_compiled(s, P, F, block)
     s = np.asarray(s, dtype=np.int64)

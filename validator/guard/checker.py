@@ -468,33 +468,35 @@ class Checker:
         mixed chunking: one row each). Returns :data:`LEGAL`, or an illegal :class:`Verdict` that
         carries the full report and safe split.
         """
-        if forward_mode is None and step.__class__ is str:
-            forward_mode = step
-        elif forward_mode is None and step is None:
-            raise _no_step()
-        if forward_mode is not None:
-            mode, n, ext, seq, pre, slots, k, pad, top = self._validate(
-                forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows,
-                False)
-            if mode is None:
+        if forward_mode is None and step.__class__ is not str:
+            if hasattr(step, "reqs") and hasattr(step, "forward_mode"):     # an SGLang ScheduleBatch
+                fs = adapters.sglang_fast(step, self)
+            elif step is None:
+                raise _no_step()
+            elif isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
+                report = self.check(step, as_written=as_written)
+                return LEGAL if report.legal else Verdict(False, report)
+            else:
+                fs = adapters.fast_step(step, self)
+            if fs is None:  # idle
                 return LEGAL
-            if self._decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), top):
+            if self._decide(*fs):
                 return LEGAL
-            # the full check reads the columns as arrays
-            mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
-                forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids, num_merged_decodes, padded_rows)
-            report = self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
+            report = self.check(step)
             return LEGAL if report.legal else Verdict(False, report)
-        if isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
-            report = self.check(step, as_written=as_written)
-            return LEGAL if report.legal else Verdict(False, report)
-        fs = adapters.fast_step(step, self)
-        if fs is None:  # idle
+        # a forward mode (the step, or named) and per-request lists
+        mode, n, ext, seq, pre, slots, k, pad, top = self._validate(
+            step if forward_mode is None else forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids,
+            num_merged_decodes, padded_rows, False)
+        if mode is None:
             return LEGAL
-        mode, rows, max_slot = fs
-        if self._decide(mode, rows, max_slot):
+        if self._decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), top):
             return LEGAL
-        report = self.check(step)
+        # the full check reads the columns as arrays
+        mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(
+            step if forward_mode is None else forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids,
+            num_merged_decodes, padded_rows)
+        report = self._check_lists(mode, n, ext, seq, pre, slots, k, pad, rids)
         return LEGAL if report.legal else Verdict(False, report)
 
     def _check_lists(self, mode, n, ext, seq, pre, slots, k, pad, rids) -> Report:

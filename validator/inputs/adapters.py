@@ -41,6 +41,7 @@ tensors through ``tolist()``).
 """
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any
 
 from ..errors import InputError
@@ -221,7 +222,10 @@ def sglang_lists(batch: Any, checker) -> dict | None:
     if mode is None or n == 0:
         return None
     members, member_ids = _beam_rows(batch, mode)
-    out: dict = {"forward_mode": mode.value, "rids": [str(r.rid) for r in reqs] + member_ids}
+    rids = [str(r.rid) for r in reqs]
+    if member_ids:
+        rids += member_ids
+    out: dict = {"forward_mode": mode.value, "rids": rids}
     if mode.is_routable() or (mode.is_draft_extend() and getattr(batch, "extend_lens", None) is not None):
         out["extend_lens"] = _extend_lens(batch, n)
         pre = getattr(batch, "prefix_lens", None)
@@ -245,20 +249,48 @@ def sglang_lists(batch: Any, checker) -> dict | None:
 _DECODE, _MIXED, _TARGET_VERIFY, _DRAFT_EXTEND = Mode.DECODE, Mode.MIXED, Mode.TARGET_VERIFY, Mode.DRAFT_EXTEND
 
 
-def _sglang_fast(batch: Any, checker) -> tuple | None:
-    # (the members from module names: on Python 3.11 each ``Mode.X`` read costs about 0.2 us)
-    name = getattr(batch.forward_mode, "name", None)
+#: an engine's forward-mode enum members seen so far, by id: ``(member, mode, routable)``. A member's
+#: name never changes, and the entry holds the member, so its id is not reused while it is here
+#: (an enum's ``name`` is a Python property, and its members' hash a Python method).
+_MEMBER_MODES: dict = {}
+_MEMBER_MODES_MAX = 64
+
+
+def _member_mode(fm: Any) -> tuple | None:
+    """``(fm, mode, routable)`` of an enum member whose name is an SGLang mode (``mode`` None:
+    idle), remembered; None for anything else."""
+    name = getattr(fm, "name", None)
     mode = SGLANG_MODES.get(name, "?") if name.__class__ is str else "?"
-    if mode == "?":
+    if mode == "?" or not isinstance(fm, Enum):
+        return None
+    hit = (fm, mode, mode is not None and mode.is_routable())
+    if len(_MEMBER_MODES) < _MEMBER_MODES_MAX:
+        _MEMBER_MODES[id(fm)] = hit
+    return hit
+
+
+def sglang_fast(batch: Any, checker) -> tuple | None:
+    """``(forward mode, query rows, largest slot)`` of an SGLang ``ScheduleBatch`` (what :func:`fast_step`
+    gives for one); None when nothing runs."""
+    # (the members from module names: on Python 3.11 each ``Mode.X`` read costs about 0.2 us)
+    fm = batch.forward_mode
+    hit = _MEMBER_MODES.get(id(fm))
+    if hit is None or hit[0] is not fm:
+        hit = _member_mode(fm)
+    if hit is None:
         mode = sglang_forward_mode(batch, checker.draft_tokens)
-    elif mode is _DECODE and checker.draft_tokens > 0 and _spec_on(batch):
-        mode = _TARGET_VERIFY
+        routable = mode is not None and mode.is_routable()
+    else:
+        mode, routable = hit[1], hit[2]
+        if mode is _DECODE and checker.draft_tokens > 0 and _spec_on(batch):
+            mode = _TARGET_VERIFY
+            routable = mode.is_routable()
     reqs = batch.reqs
     n = len(reqs)
     if mode is None or n == 0:
         return None
     ext, k = None, 0
-    if mode.is_routable() or (mode is _DRAFT_EXTEND and getattr(batch, "extend_lens", None) is not None):
+    if routable or (mode is _DRAFT_EXTEND and getattr(batch, "extend_lens", None) is not None):
         ext = getattr(batch, "extend_lens", None)
         if not (ext.__class__ is list and len(ext) == n and ints_within(ext, 0, MAX_TOKENS)):
             ext = column(_extend_lens(batch, n), "extend_lens", 0, MAX_TOKENS, n)
@@ -426,11 +458,13 @@ def step_lists(obj: Any, checker) -> dict | None:
 
 def fast_step(obj: Any, checker) -> tuple | None:
     """``(forward mode, query rows, largest slot)`` of an engine object, read as cheaply as possible."""
+    if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):    # a ScheduleBatch (a plan has no reqs)
+        return sglang_fast(obj, checker)
     obj = _planned_batch(obj)
     if obj is None:
         return None
     if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):
-        return _sglang_fast(obj, checker)
+        return sglang_fast(obj, checker)
     if is_vllm_output(obj):
         return _vllm_fast(obj, checker)
     step_lists(obj, checker)  # raises the InputError
@@ -446,4 +480,4 @@ def to_batch(obj: Any, checker):
 
 
 __all__ = ["is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
-           "fast_step", "to_batch", "SGLANG_MODES"]
+           "fast_step", "sglang_fast", "to_batch", "SGLANG_MODES"]

@@ -250,8 +250,9 @@ class Batch:
         if forward_mode.__class__ is not Mode:
             forward_mode = Mode.parse(forward_mode)
         b = object.__new__(Batch)
-        b.__dict__.update(self.__dict__)
-        b.__dict__.update(forward_mode=forward_mode, requests=requests, padded_rows=padded_rows)
+        fields = self.__dict__.copy()       # (one sized copy: an update grows an empty dict step by step)
+        fields["forward_mode"], fields["requests"], fields["padded_rows"] = forward_mode, requests, padded_rows
+        object.__setattr__(b, "__dict__", fields)
         return b
 
     def to_doc(self) -> dict:

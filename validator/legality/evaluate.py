@@ -7,6 +7,7 @@ rules (all, or a selection) and returns the :class:`~validate_batch.legality.rep
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from ..inputs.batch import Batch
 from ..flashinfer.calls import version as flashinfer_version
@@ -27,7 +28,7 @@ class EngineSetup:
     parts: tuple
     judged: tuple = ()                  # per profile: what it was judged as and why (resolve_version's judged_as)
 
-    @property
+    @cached_property
     def profiles(self) -> tuple:
         return tuple(p for p, _, _ in self.parts)
 
@@ -150,8 +151,6 @@ def evaluate(batch: Batch, build: str | None = None, memo=None, setup: EngineSet
     ``probe``: a bounds probe, judged on the modelled path even where the step would not be)."""
     bp = plan_batch(batch, build, memo, setup, rows_only, probe)
     findings = call_findings(bp, only) + run_rules("batch", bp, _modelled_rules(bp, only))
-    report = Report(findings, [c.plan for c in bp.calls], batch_plan=bp)
-    report.defer_context(lambda: BatchContext(
+    return Report.deferred(findings, [c.plan for c in bp.calls], bp, lambda: BatchContext(
         {"label": batch.label, "gpu": batch.gpu.to_dict(), "requests": len(batch.requests), "running": len(batch.running)},
         setup.kernel_build, bp.to_dict(), tuple(batch.notes) + version_notes(setup), judged_as=list(setup.judged)))
-    return report

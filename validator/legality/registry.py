@@ -230,16 +230,32 @@ def _active_rules(scope: str, gen: int, skip: frozenset, only: frozenset | None,
     return tuple(r for r in _scope_rules(scope, gen, kind) if r.code not in skip and (only is None or r.code in only))
 
 
+#: (scope, kind, skipped codes, selected codes) -> (registry revision, the functions of the rules to run)
+_RULE_FUNCS: dict = {}
+
+
+def _rule_funcs(key: tuple) -> tuple:
+    """The functions :func:`run_rules` calls for ``key``, in code order (selected at this revision)."""
+    scope, kind, skip, only = key
+    rev = STATE.revision
+    rules = _active_rules(scope, rev, skip or frozenset(), only, kind) if (skip or only is not None) \
+        else rules_for(scope, kind)
+    funcs = tuple(r.func for r in rules)
+    if len(_RULE_FUNCS) >= 1024:
+        _RULE_FUNCS.clear()
+    _RULE_FUNCS[key] = (rev, funcs)
+    return funcs
+
+
 def run_rules(scope: str, subject, only: frozenset | None = None) -> list[Finding]:
     """Every rule of ``scope`` over ``subject`` (``only``: just these codes). Call rules run on
     subjects of their own kind (``subject.rule_kind``, default ``"flashmla"``)."""
     out: list[Finding] = []
-    skip = getattr(subject, "quiet_rules", None)
-    kind = getattr(subject, "rule_kind", "flashmla") if scope == "call" else "flashmla"
-    rules = _active_rules(scope, STATE.revision, skip or frozenset(), only, kind) if (skip or only is not None) \
-        else rules_for(scope, kind)
-    for r in rules:
-        res: Iterable[Finding] | None = r.func(subject)
+    key = (scope, getattr(subject, "rule_kind", "flashmla") if scope == "call" else "flashmla",
+           getattr(subject, "quiet_rules", None), only)
+    hit = _RULE_FUNCS.get(key)
+    for func in (hit[1] if hit is not None and hit[0] == STATE.revision else _rule_funcs(key)):
+        res: Iterable[Finding] | None = func(subject)
         if res:
             out.extend(res)
     if out:

@@ -79,6 +79,16 @@ class Report:
     reproduction: list | None = None
     across_builds: list | None = None
 
+    @classmethod
+    def deferred(cls, findings: list, plans: list, batch_plan: Any, context: Callable[[], Any]) -> "Report":
+        """``Report(findings, plans, batch_plan=batch_plan)`` with ``defer_context(context)``: what an
+        evaluation returns on every step, built without the constructor's field setters."""
+        r = object.__new__(cls)
+        r.__dict__ = {"findings": findings, "plans": plans, "_safe_split": None, "_split_fn": None, "_context": None,
+                      "_context_fn": context, "batch_plan": batch_plan, "kernel": None, "reproduction": None,
+                      "across_builds": None}
+        return r
+
     def defer_split(self, build: Callable[[], Any]) -> None:
         """Set ``safe_split`` to ``build()``, called on first read (at most once)."""
         self._safe_split = None
@@ -120,7 +130,10 @@ class Report:
     @property
     def legal(self) -> bool:
         """No error finding, and every part of the step on a path the profiles model."""
-        return not any(f.is_error for f in self.findings) and not self.not_modelled
+        for f in self.findings:
+            if f.is_error:
+                return False
+        return not self.not_modelled
 
     @property
     def not_modelled(self) -> tuple:
