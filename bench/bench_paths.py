@@ -494,10 +494,13 @@ def _per_b(rows: list[dict], key: str) -> str:
     return ", ".join(f"{r[key]:.2f}" for r in rows) + f" at b = {', '.join(str(r['b']) for r in rows)}"
 
 
-def _status(oks: list[bool]) -> str:
+def _status(oks: list[bool], where: list[str] | None = None) -> str:
+    """``met``, ``missed``, or ``missed at`` the rows that missed (``where``: each row's name)."""
     if all(oks):
         return "met"
-    return "missed" if not any(oks) else "missed at " + "some b"
+    if not any(oks):
+        return "missed"
+    return "missed at " + (", ".join(w for w, ok in zip(where, oks) if not ok) if where else "some rows")
 
 
 def summary_rows(out: dict, check_target: float) -> list[tuple[str, str, str]]:
@@ -550,7 +553,7 @@ def summary_rows(out: dict, check_target: float) -> list[tuple[str, str, str]]:
                      "met" if r["ok"]["< 250 ms"] else "missed"))
         m = [r for r in cli.values() if "calls_per_s" in r]
         rows.append(("`metadata --json` >= 5000 calls/s", "; ".join(f"{r['calls_per_s']:.0f}/s ({r['command']})" for r in m),
-                     _status([r["ok"]["calls/s"] for r in m])))
+                     _status([r["ok"]["calls/s"] for r in m], [r["command"] for r in m])))
     for r in out.get("memory", []):
         if "growth" in r:
             rows.append((f"memory of {r['command']} < 2 x that of 1/8 the input",
