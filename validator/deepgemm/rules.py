@@ -155,7 +155,9 @@ def mqa_metadata_empty_batch(p: DeepGemmPlan):
     its shared prefix array then: DeepGEMM 54e2261, and SGLang 0.5.23's sgl-deep-gemm 0.2.5, whose SM90
     metadata kernel is the same file. It fails when the batch is a multiple of {{multiple}} (the array is
     ``align(batch, 32)`` ints, so the one-past read falls inside the padding otherwise). vLLM 0.33's
-    bundled deep_gemm 2.8.1 runs the same calls.
+    bundled deep_gemm 2.8.1 runs the same calls. SGLang 0.5.23's DeepSeek-V4 indexer passes the
+    ratio-4 compressed lengths unclamped (``seq_len // 4``: 0 for a request of fewer than 4 tokens;
+    read, not run here), so a step of such requests alone reaches it when DeepGEMM's planner runs.
 
     ## Why it crashes
     With nothing to split, every SM's binary search over the prefix sums ends at ``batch`` and the kernel
@@ -175,7 +177,10 @@ def mqa_metadata_empty_batch(p: DeepGemmPlan):
 
     ## Source
     DeepGEMM 54e2261 ``deep_gemm/include/deep_gemm/scheduler/sm90_paged_mqa_logits.cuh:104-113``,
-    ``csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:207-209``.
+    ``csrc/jit_kernels/impls/sm90_fp8_mqa_logits.hpp:207-209``; SGLang 0.5.23
+    ``srt/layers/attention/deepseek_v4_backend.py:1509`` (``c4_topk_lengths_raw``),
+    ``kernels/ops/attention/dsv4/metadata_kernel.py:103`` (``seq_len // 4``),
+    ``srt/layers/attention/dsv4/metadata.py:210-226``.
     """
     fact = p.empty_batch
     if fact is None or p.replaced or p.lengths_all_zero is not True:
