@@ -105,11 +105,15 @@ class _Mode(Enum):  # stands in for SGLang's ForwardMode
 
 
 def fake_schedule_batch(mode: str, rids, extend=None, prefix=None, seq=None, slots=None):
+    """A stand-in for SGLang's ``ScheduleBatch`` (a dataclass whose unused fields default to None: as in
+    0.5.23's, ``global_num_tokens`` and ``beam_tail`` are there and None when data parallelism and beam
+    search are off), holding the step's lists."""
     reqs = [SimpleNamespace(rid=r, req_pool_idx=s) for r, s in zip(rids, slots)]
     fm = {"extend": _Mode.EXTEND, "decode": _Mode.DECODE, "target_verify": _Mode.DECODE}[mode]
     spec = SimpleNamespace(is_none=lambda: mode != "target_verify")
     return SimpleNamespace(forward_mode=fm, reqs=reqs, extend_lens=extend, prefix_lens=prefix, seq_lens_cpu=seq,
-                           seq_lens=seq, req_pool_indices=slots, decoding_reqs=None, spec_algorithm=spec)
+                           seq_lens=seq, req_pool_indices=slots, decoding_reqs=None, spec_algorithm=spec,
+                           global_num_tokens=None, beam_tail=None)
 
 
 def scenarios(rng: random.Random):
