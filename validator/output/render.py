@@ -1,14 +1,12 @@
-"""Human-readable rendering of reports (rich)."""
+"""Human-readable rendering of reports (through a console: rich, or its plain stand-in off a terminal)."""
 from __future__ import annotations
-
-from rich.console import Console
 
 from .render_batch import render_batch
 from ..facts.provenance import one_line
 from .render_findings import render_findings
 
 
-def render_report(report, payload: dict, console: Console) -> None:
+def render_report(report, payload: dict, console) -> None:
     kind = payload.get("kind")
     if kind == "batch":
         render_batch(report, payload, console)

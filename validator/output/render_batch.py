@@ -3,10 +3,8 @@ from __future__ import annotations
 
 import os
 
-from rich.console import Console
-from rich.markup import escape
-
 from ..facts.provenance import one_line
+from .plain import escape
 from .render_findings import render_findings
 from .split_text import piece, split_lines, step_items, wrapped
 
@@ -24,7 +22,7 @@ def _mark(st: dict) -> str:
     return "legal" if st["legal"] else "ILLEGAL " + ", ".join(st["codes"])
 
 
-def render_batch(report, payload: dict, console: Console) -> None:
+def render_batch(report, payload: dict, console) -> None:
     bp = report.batch_plan
     b = bp.batch
     eng = ", ".join(f"{k}@{v}" for k, v in bp.versions.items())

@@ -1,11 +1,10 @@
-"""The findings of a report, for people (rich)."""
+"""The findings of a report, for people (through a console: rich, or its plain stand-in off a terminal)."""
 from __future__ import annotations
 
-from rich.console import Console
-from rich.markup import escape
+from .plain import escape
 
 
-def render_findings(findings, console: Console, indent: str = "  ", provenance: dict | None = None) -> None:
+def render_findings(findings, console, indent: str = "  ", provenance: dict | None = None) -> None:
     by_rule = (provenance or {}).get("rules", {})
     for f in findings:
         color = {"error": "red", "warning": "yellow"}.get(f.severity, "cyan")

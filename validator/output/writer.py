@@ -19,6 +19,7 @@ from typing import Any, Callable, NoReturn, Optional
 
 from ..errors import InputError
 from ..facts.knowledge import build_record
+from .plain import PlainConsole, renders_plain
 from .safe import SafeStream, clean, clean_lines
 
 EXIT_BAD_INPUT = 2
@@ -52,8 +53,18 @@ def _safe_console_class():
 
 
 def _console(stderr: bool):
+    """The console for stdout or stderr. Results on a stdout that is not a terminal go through a
+    :class:`~validate_batch.output.plain.PlainConsole`, which writes what rich would write there
+    without loading it (a table still loads it)."""
     stream = SafeStream(sys.stderr if stderr else sys.stdout)
-    console = _safe_console_class()(file=stream, highlight=False, soft_wrap=True, markup=False)
+    if not stderr and renders_plain(sys.stdout):
+        return PlainConsole(stream, lambda: _rich_console(stream))
+    return _rich_console(stream)
+
+
+def _rich_console(stream):
+    # (emoji off: a user's text such as ':warning:' is written as it is, not as a picture)
+    console = _safe_console_class()(file=stream, highlight=False, soft_wrap=True, markup=False, emoji=False)
     stream._keep_sgr = console.color_system is not None
     return console
 
