@@ -10,7 +10,6 @@ input, 3 kernel mode unavailable, 5 a verdict resting on read facts).
 """
 from __future__ import annotations
 
-import inspect
 import os
 import sys
 from typing import Any, Optional
@@ -546,17 +545,20 @@ def direct_call(argv: list[str]):
     given = _direct_words(argv[1:], options)
     if given is None:
         return None
-    params = inspect.signature(fn).parameters
-    if not given.keys() <= params.keys():
+    code = fn.__code__                  # (its parameters, read without loading inspect)
+    names = code.co_varnames[:code.co_argcount]
+    defaults = dict(zip(names[len(names) - len(fn.__defaults__ or ()):], fn.__defaults__ or ()))
+    if not given.keys() <= set(names):
         return None                   # a word the command does not take (a FILE to `rules`): typer says so
     kwargs = {}
-    for name, param in params.items():
+    for name in names:
         if name in given:
             kwargs[name] = given[name]
             continue
-        if param.default is inspect.Parameter.empty:
+        if name not in defaults:
             return None               # a required argument is missing: typer says so
-        kwargs[name] = list(param.default) if isinstance(param.default, tuple) else param.default
+        d = defaults[name]
+        kwargs[name] = list(d) if isinstance(d, tuple) else d
     return fn, kwargs
 
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+from importlib import import_module
 from typing import Any, Mapping
 
 from ..errors import InputError
@@ -16,11 +17,32 @@ from .limits import echo
 DATA_PACKAGE = __name__.rsplit(".", 2)[0] + ".rules"
 
 
+@lru_cache(maxsize=1)
+def data_dir() -> str | None:
+    """The folder of the data package when it is one on disk (an installed wheel, a checkout); None
+    when the package lives elsewhere (a zip), where :func:`data_text` reads through importlib.resources."""
+    init = getattr(import_module(DATA_PACKAGE), "__file__", None)
+    if init is None:
+        return None
+    folder = os.path.dirname(init)
+    return folder if os.path.isdir(folder) else None
+
+
+def data_text(*parts: str) -> str:
+    """The text of the data file ``rules/<parts...>`` shipped in the package."""
+    folder = data_dir()
+    if folder is not None:
+        with open(os.path.join(folder, *parts), encoding="utf-8") as f:
+            return f.read()
+    from importlib import resources     # (only off a plain folder: it loads tempfile and more)
+
+    return resources.files(DATA_PACKAGE).joinpath(*parts).read_text(encoding="utf-8")
+
+
 @lru_cache(maxsize=None)
 def load(name: str) -> dict:
     """Return the parsed JSON data file ``rules/<name>.json``."""
-    text = resources.files(DATA_PACKAGE).joinpath(f"{name}.json").read_text(encoding="utf-8")
-    return json.loads(text)
+    return json.loads(data_text(f"{name}.json"))
 
 
 @dataclass(frozen=True)

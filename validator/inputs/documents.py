@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import sys
 from pathlib import Path
 from typing import Any
 
-from ..facts.knowledge import DATA_PACKAGE
+from ..facts.knowledge import DATA_PACKAGE, data_dir
 from ..facts import limits
 from ..errors import InputError
 from ..facts.limits import echo
@@ -97,9 +96,11 @@ def _lift_int_lists(text: str, arrays: dict) -> tuple[str, bool | None]:
     floats, at most 18 digits); anything else stays for the JSON reader and its errors. The flag
     says whether the text outside the lifted lists holds a digit run longer than a document's
     integers may be (None when nothing was lifted)."""
-    nonce = secrets.token_hex(8)
+    from secrets import token_hex      # (only for a document with lists to lift)
+
+    nonce = token_hex(8)
     while nonce in text:
-        nonce = secrets.token_hex(8)
+        nonce = token_hex(8)
     out: list[str] = []
     blanks: dict[int, str] = {}                     # one padding string per length
     at = 0
@@ -367,9 +368,13 @@ def load_documents(path: str) -> list[Any]:
 def example_path(name: str) -> str:
     """The file of a built-in example (``rules/examples/NAME.{json,yaml,jsonl}``); InputError naming
     ``--example`` and the known names otherwise."""
-    from importlib import resources
+    folder = data_dir()
+    if folder is not None:
+        base = Path(folder, "examples")
+    else:
+        from importlib import resources     # (only off a plain folder: it loads tempfile and more)
 
-    base = resources.files(DATA_PACKAGE).joinpath("examples")
+        base = resources.files(DATA_PACKAGE).joinpath("examples")
     names = sorted(p.name.rsplit(".", 1)[0] for p in base.iterdir() if p.name.endswith((".json", ".yaml", ".jsonl")))
     for ext in (".json", ".yaml", ".jsonl"):
         cand = base.joinpath(name + ext)

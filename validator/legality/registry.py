@@ -33,7 +33,6 @@ partitions), never ``b``, the per-request length values or the schedule. A plan 
 """
 from __future__ import annotations
 
-import inspect
 import re
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
@@ -88,7 +87,9 @@ class Rule:
     @cached_property
     def doc(self) -> str:
         """The rule's page: its docstring with the placeholders filled from ``page()``."""
-        text = inspect.cleandoc(self.func.__doc__ or "")
+        from inspect import cleandoc     # (only when a page is shown)
+
+        text = cleandoc(self.func.__doc__ or "")
         return fill_page(text, self.page()) if self.page is not None else text
 
     def to_dict(self) -> dict:

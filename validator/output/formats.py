@@ -12,9 +12,8 @@ import json
 import os
 import re
 from collections import Counter
-from importlib import resources
 
-from ..facts.knowledge import DATA_PACKAGE
+from ..facts.knowledge import data_text
 from ..errors import InputError
 from ..legality.ruleset import all_rules, get_rule
 
@@ -48,7 +47,7 @@ def schema_text(name: str) -> str:
     NAME is not one of :data:`SCHEMA_NAMES`)."""
     if name not in SCHEMA_NAMES:
         raise ValueError(f"unknown schema {name!r}; known: {', '.join(SCHEMA_NAMES)}")
-    return resources.files(DATA_PACKAGE).joinpath("schema", f"{name}.schema.json").read_text(encoding="utf-8")
+    return data_text("schema", f"{name}.schema.json")
 
 
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from typing import Any, Callable, NoReturn, Optional
 
 from ..errors import InputError
@@ -186,6 +185,8 @@ class Output:
         the traceback before it when ``VALIDATE_BATCH_DEBUG`` is set; returns the exit code (4)."""
         debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
         if debug:
+            import traceback
+
             traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
         message = clean(" ".join(str(exc).split()))
         if len(message) > 200:
