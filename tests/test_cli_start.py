@@ -79,3 +79,19 @@ def test_a_form_the_direct_path_does_not_read_still_runs_through_typer():
     code, out, mods = loaded(["check", "--example=dsv4-prefill-3x4096", "--json"])
     assert code == 1 and json.loads(out)["legal"] is False
     assert "typer" in mods
+
+
+def test_a_check_written_to_a_pipe_loads_neither_rich_nor_typer():
+    code, out, mods = loaded(["check", "--example", "dsv4-prefill-3x4096"])
+    assert code == 1 and "verdict: ILLEGAL" in out and "FMLA001" in out
+    assert "rich" not in mods and "typer" not in mods
+
+
+def test_the_data_files_are_read_without_importlib_resources():
+    # (importlib.resources loads tempfile, shutil, zipfile and more: the package's files are read from its folder)
+    probe = PROBE.replace(repr(HEAVY), repr(("importlib.resources", "tempfile")))
+    assert probe != PROBE
+    p = subprocess.run([sys.executable, "-c", probe, "check", "--example", "dsv4-prefill-3x4096", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("LOADED "))
+    assert p.returncode == 1 and json.loads(line[len("LOADED "):]) == []
