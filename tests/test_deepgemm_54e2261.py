@@ -25,7 +25,7 @@ from validate_batch.api import check_calls
 from validate_batch.deepgemm.calls import version
 from validate_batch.deepgemm.schedule import atoms_for, mqa_metadata
 from validate_batch.kernel_mode.check import kernel_check_report
-from validate_batch.kernel_mode.runner import ChildSpec
+from library_standin import standin_spec, write_standin
 
 MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
 CHECK_INPUTS = [json.loads(x) for x in (MEASURED / "deepgemm_h200_kernel_check_inputs.jsonl").read_text().splitlines()
@@ -141,47 +141,14 @@ def test_the_verdict_says_the_fact_is_measured_on_this_build():
     assert rules["DG002"]["status"] == "measured", rules["DG002"]
 
 
-STANDIN = r'''
-"""Answers DeepGEMM jobs with what an H200 recorded for the same inputs through DeepGEMM 54e2261."""
-import gzip
-import json
-import os
-
-_REC = {}
-
-
-def _key(rec):
-    return json.dumps([rec.get("batch"), rec.get("next_n", 1), rec.get("context_len"), rec.get("context_lens")])
-
-
-def run(job, stage, partial):
-    if job["op"] == "lib_detect":
-        return {"torch": "stand-in", "cuda_available": True, "version": "2.6.1",
-                "device": {"name": "NVIDIA H200", "cc": [9, 0], "num_sms": 132, "smem_optin": 232448}}
-    if not _REC:
-        for inputs, record in json.loads(os.environ["STANDIN_PAIRS"]):
-            lines = gzip.decompress(open(inputs, "rb").read()).decode() if inputs.endswith(".gz") else open(inputs).read()
-            rec = json.loads(gzip.decompress(open(record, "rb").read()))
-            for i, c in zip([json.loads(x) for x in lines.splitlines() if x.strip()], rec["calls"]):
-                _REC[_key(i)] = c["kernel"]
-    k = _REC[_key(job["record"])]
-    stage("call")
-    if k["outcome"] != "ok":
-        raise RuntimeError(k["message"])
-    return dict(k["payload"])
-'''
-
-
 def test_kernel_check_replays_the_recorded_calls_and_agrees(tmp_path):
     # stand-in: a child backend that answers each job with the payload (or the error) the H200 recorded
-    backend = tmp_path / "dg_standin.py"
-    backend.write_text(STANDIN)
-    pairs = [[str(MEASURED / "deepgemm_h200_kernel_check_inputs.jsonl"), str(MEASURED / "deepgemm_h200_54e2261_kernel_check.json.gz")],
-             [str(MEASURED / "deepgemm_h200_schedule_inputs.jsonl.gz"), str(MEASURED / "deepgemm_h200_54e2261_schedule_cases.json.gz")]]
+    pairs = [(MEASURED / "deepgemm_h200_kernel_check_inputs.jsonl", MEASURED / "deepgemm_h200_54e2261_kernel_check.json.gz"),
+             (MEASURED / "deepgemm_h200_schedule_inputs.jsonl.gz", MEASURED / "deepgemm_h200_54e2261_schedule_cases.json.gz")]
     recs = CHECK_INPUTS + SCHED_INPUTS[150:]
-    report = check_calls([{k: v for k, v in r.items()} for r in recs], "H200")
+    report = check_calls(recs, "H200")
     res = kernel_check_report(report, None, timeout=120, max_parallel=2,
-                              child=ChildSpec(backend=str(backend), env=(("STANDIN_PAIRS", json.dumps(pairs)),)))
+                              child=standin_spec(write_standin(tmp_path), "2.6.1", pairs))
     assert res["library"] == "deep_gemm" and res["provider"]["build"] == "deepgemm-54e2261"
     assert res["status"] == "agree", res["summary"]
     assert res["summary"]["agreement"]["agree"] == len(recs)

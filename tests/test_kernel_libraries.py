@@ -28,7 +28,7 @@ from validate_batch.api import check_calls
 from validate_batch.flashinfer.mla_schedule import MERGE, PER_WORK, mla_schedule
 from validate_batch.kernel_mode import libraries
 from validate_batch.kernel_mode.check import kernel_check_report
-from validate_batch.kernel_mode.runner import ChildSpec
+from library_standin import standin_spec, write_standin
 
 MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
 INPUTS = [json.loads(x) for x in gzip.decompress((MEASURED / "flashinfer_h200_kernel_check_inputs.jsonl.gz")
@@ -137,55 +137,9 @@ def test_deepgemm_bundled_by_vllm_agrees_at_its_host_check():
 
 # ----------------------------------------------------------------------------- plumbing (stand-in)
 
-STANDIN = r'''
-"""Answers FlashInfer and DeepGEMM jobs with what an H200 recorded for the same inputs."""
-import gzip
-import json
-import os
-
-from validate_batch.kernel_mode.protocol import Unsupported
-
-_REC = {}
-
-
-def _key(rec):
-    return json.dumps([rec.get("qo_indptr"), rec.get("kv_indptr"), rec.get("kv_len"), rec.get("h_q"),
-                       rec.get("entry", "wrapper"), rec.get("batch"), rec.get("next_n", 1), rec.get("context_len")])
-
-
-def _load():
-    if not _REC:
-        inputs = [json.loads(x) for x in gzip.decompress(open(os.environ["STANDIN_INPUTS"], "rb").read()).decode().splitlines()
-                  if x.strip()] if os.environ["STANDIN_INPUTS"].endswith(".gz") else \
-            [json.loads(x) for x in open(os.environ["STANDIN_INPUTS"]).read().splitlines() if x.strip()]
-        rec = json.loads(gzip.decompress(open(os.environ["STANDIN_RECORD"], "rb").read()))
-        for i, c in zip(inputs, rec["calls"]):
-            _REC[_key(i)] = c["kernel"]
-    return _REC
-
-
-def run(job, stage, partial):
-    if job["op"] == "lib_detect":
-        return {"torch": "stand-in", "cuda_available": True, "version": os.environ["STANDIN_VERSION"],
-                "device": {"name": "NVIDIA H200", "cc": [9, 0], "num_sms": 132, "smem_optin": 232448}}
-    k = _load()[_key(job["record"])]
-    stage("call")
-    if k["outcome"] == "python_exception":
-        raise RuntimeError(k["message"])
-    out = dict(k["payload"])
-    bump = os.environ.get("STANDIN_BUMP_WORK")
-    if bump and job["record"].get("qo_indptr") and len(job["record"]["qo_indptr"]) == int(bump):
-        out["arrays"] = dict(out["arrays"])
-        out["arrays"]["kv_end"] = [out["arrays"]["kv_end"][0] + 1] + out["arrays"]["kv_end"][1:]
-    return out
-'''
-
-
 @pytest.fixture(scope="module")
 def standin(tmp_path_factory):
-    p = tmp_path_factory.mktemp("standin") / "library_standin.py"
-    p.write_text(STANDIN)
-    return str(p)
+    return write_standin(tmp_path_factory.mktemp("standin"))
 
 
 def _report(records):
@@ -195,9 +149,7 @@ def _report(records):
 
 
 def _spec(standin, version, record, inputs, **extra):
-    env = {"STANDIN_VERSION": version, "STANDIN_RECORD": str(MEASURED / record), "STANDIN_INPUTS": str(MEASURED / inputs),
-           **{k: str(v) for k, v in extra.items()}}
-    return ChildSpec(backend=standin, env=tuple(env.items()))
+    return standin_spec(standin, version, [(MEASURED / inputs, MEASURED / record)], **extra)
 
 
 PICK = [0, 1, 7, 50, 119, 200, 219, 220, 225, 234, 237, 242, 243, 244, 245, 246, 247]

@@ -57,3 +57,21 @@ def test_checker_report_context_matches_its_batch_plan():
     assert rep.context["query_rows"] == 40 and rep.context["forward_mode"] == "decode"
     doc = json.loads(json.dumps(rep.to_dict()))
     assert doc["legal"] is True and doc["query_rows"] == 40 and len(doc["kernel_calls"]) == 3
+
+
+def test_report_deferred_is_the_constructor_with_a_deferred_context():
+    # Report.deferred (an evaluation's one-step build) against the constructor and defer_context it stands for
+    def build():
+        return {"kind": "batch"}
+
+    f = [Finding("X001", "warning", "m")]
+    plans, bp = [object()], object()
+    want = Report(f, plans, batch_plan=bp)
+    want.defer_context(build)
+    got = Report.deferred(f, plans, bp, build)
+    assert got.__dict__ == want.__dict__
+    assert got.context == {"kind": "batch"} and got.plans is plans and got.batch_plan is bp
+    # a second one (the constructor's defaults are taken once): still the constructor's
+    empty = Report([])
+    empty.defer_context(build)
+    assert Report.deferred([], [], None, build).__dict__ == empty.__dict__

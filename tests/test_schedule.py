@@ -391,3 +391,17 @@ def test_uniform_periodic_walk_in_every_regime():
         seen.add("never" if steps == 0 else "1" if steps == 1 else "<=64" if steps <= 64
                  else "<=256" if steps <= 256 else ">256")
     assert seen == {"never", "1", "<=64", "<=256", ">256"}
+
+
+@pytest.mark.parametrize("b,P,F,uniform", [(1, 132, 5, 128), (64, 132, 5, 640), (11622, 132, 5, 167), (3, 7, 0, 1)])
+def test_the_uniform_schedule_is_the_one_its_constructor_makes(b, P, F, uniform):
+    # uniform_schedule builds its Schedule from the fields' defaults in one step: the same object as the
+    # dataclass constructor makes from the same fields
+    from validate_batch.flashmla.schedule import Schedule, uniform_schedule
+
+    got = uniform_schedule(b, P, F, 64, uniform)
+    want = Schedule(b, P, uniform=uniform, fixed_overhead=F, block=64, total=got.total, period=got.period,
+                    num_split_events=got.num_split_events, last_split_request=got.last_split_request)
+    assert got.__dict__ == want.__dict__
+    assert got.total == b * ((uniform - 1) // 64 + 1 + F)
+    assert np.array_equal(got.metadata, schedule_reference(np.full(b, uniform), P, F).metadata)

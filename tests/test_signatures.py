@@ -5,7 +5,7 @@ Line formats are the libraries' own (cited where each is written): FlashMLA 9241
 (CHECK_CUDA, FLASH_ASSERT) and csrc/kerutils/include/kerutils/host/host.h:57-67 (KU_ASSERT); FlashInfer
 include/flashinfer/exception.h (``Error in function 'F' at FILE:LINE: MSG``) and
 include/flashinfer/trtllm/common.h:44-48 (``CUDA Error: NAME FILE LINE``); CUTLASS's TMA descriptor dump;
-the RuntimeError lines are verbatim from the measured oracle (shared/oracle/sglfm_h200_probes.jsonl).
+the RuntimeError lines are verbatim from the measured probes (fixtures/oracle/sglfm_h200_probes.jsonl).
 """
 from __future__ import annotations
 
@@ -295,7 +295,7 @@ def test_the_mqa_logits_shared_memory_assertion_is_dg001s():
 @pytest.mark.parametrize("build,codes", [(None, ["FMLA001", "SGL001"]), ("flashmla-2026.09.30", ["FMLA001", "SGL001"]),
                                          ("flashmla-9241ae3", [])])
 def test_the_build_decides_which_site_is_a_signature(build, codes):
-    # upstream 2026.09.30 reports the scheduler failure at get_decoding_sched_meta.cu:143 (read from the binary,
-    # flashmla-builds.md section 1); 9241ae3 at :111. A :143 line under --kernel-gen flashmla-9241ae3 is not FMLA001's.
+    # upstream 2026.09.30 reports the scheduler failure at get_decoding_sched_meta.cu:143 (read from the binary:
+    # its error_site in rules/flashmla.json); 9241ae3 at :111. A :143 line under --kernel-gen flashmla-9241ae3 is not FMLA001's.
     line = "CUDA error (/x/csrc/cuda_kernels/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:143): invalid argument"
     assert matching_codes(event(line), build) == codes

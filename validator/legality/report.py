@@ -83,10 +83,15 @@ class Report:
     def deferred(cls, findings: list, plans: list, batch_plan: Any, context: Callable[[], Any]) -> "Report":
         """``Report(findings, plans, batch_plan=batch_plan)`` with ``defer_context(context)``: what an
         evaluation returns on every step, built without the constructor's field setters."""
+        blank = cls.__dict__.get("_blank")
+        if blank is None:       # the constructor's fields at their defaults, taken from it once per class
+            blank = cls([]).__dict__
+            cls._blank = blank
         r = object.__new__(cls)
-        r.__dict__ = {"findings": findings, "plans": plans, "_safe_split": None, "_split_fn": None, "_context": None,
-                      "_context_fn": context, "batch_plan": batch_plan, "kernel": None, "reproduction": None,
-                      "across_builds": None}
+        fields = blank.copy()
+        fields["findings"], fields["plans"], fields["batch_plan"] = findings, plans, batch_plan
+        r.__dict__ = fields
+        r.defer_context(context)
         return r
 
     def defer_split(self, build: Callable[[], Any]) -> None:

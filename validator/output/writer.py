@@ -2,7 +2,8 @@
 
 Modes:
 
-* ``human``: text and tables (rich) on stdout;
+* ``human``: text and tables on stdout (rich on a terminal; elsewhere the same text through
+  :class:`~validate_batch.output.plain.PlainConsole`, rich only for a table);
 * ``json``: one compact JSON document per result on stdout;
 * ``quiet``: nothing on stdout; the exit code is the answer.
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from functools import lru_cache
 from typing import Any, Callable, NoReturn, Optional
 
 from ..errors import InputError
@@ -33,22 +35,18 @@ OUTPUT_FORMAT_HELP = ("text (default), json (one object; --json), jsonl (one obj
                       "(GitHub Actions annotations), junit (JUnit XML), sarif (SARIF 2.1.0)")
 
 
-_SAFE_CONSOLE: list = []
-
-
+@lru_cache(maxsize=1)
 def _safe_console_class():
     """A rich console whose text is made inert (:mod:`validate_batch.output.safe`): every string it
     renders, and every line it writes. Defined on first use: rich loads only when something is
-    rendered for a reader (JSON, quiet and the CI formats never load it)."""
-    if not _SAFE_CONSOLE:
-        from rich.console import Console
+    rendered for a terminal or a table is written."""
+    from rich.console import Console
 
-        class SafeConsole(Console):
-            def render_str(self, text: str, *args: Any, **kwargs: Any):
-                return super().render_str(clean_lines(text), *args, **kwargs)
+    class SafeConsole(Console):
+        def render_str(self, text: str, *args: Any, **kwargs: Any):
+            return super().render_str(clean_lines(text), *args, **kwargs)
 
-        _SAFE_CONSOLE.append(SafeConsole)
-    return _SAFE_CONSOLE[0]
+    return SafeConsole
 
 
 def _console(stderr: bool):
