@@ -106,6 +106,16 @@ def test_dg002_at_every_probed_batch(batch, next_n):
         assert p["first_rows"][0] == [batch * items, 0]
 
 
+@pytest.mark.parametrize("next_n", [3, 8])
+def test_items_per_request_measured_at_next_n_3_and_8(next_n):
+    # every length 0 at batch 33 writes the end marker batch x items everywhere: ceil(next_n / 2) items
+    p = _probe(33, next_n)
+    assert p["outcome"] == "ok" and p["first_rows"][0] == [33 * -(-next_n // 2), 0]
+    assert atoms_for(FACTS["schedule"], next_n) == -(-next_n // 2)
+    assert _probe(32, next_n)["outcome"] == "illegal_memory_access"
+    assert _verdict({"kind": "paged_mqa_logits_metadata", "batch": 32, "next_n": next_n, "context_len": 0}).codes == ["DG002"]
+
+
 def test_dg002_edges_around_each_multiple_of_32():
     for m in (32, 64, 4096):                       # limit - 1, limit, limit + 1
         got = [_verdict({"kind": "paged_mqa_logits_metadata", "batch": b, "context_len": 0}).codes for b in (m - 1, m, m + 1)]
