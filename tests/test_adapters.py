@@ -392,3 +392,38 @@ def test_headroom_of_an_engine_object():
     assert h.rows == 8192 and h.more_rows == LIMIT - 8192 and h.rows_to_route == 11673 + 1 - 8192
     d = c.headroom(schedule_batch(ForwardMode.DECODE, ["a", "b", "c"], seq=[5, 6, 7]))
     assert d.forward_mode == "decode" and d.more_requests == LIMIT - 3
+
+
+@pytest.mark.parametrize("layout", ["own", "kv", "mixed", "one missing", "one"])
+def test_sglang_slots_read_from_either_place_a_release_keeps_them(layout):
+    """SGLang 0.5.23's ``Req`` keeps its slot as ``req.kv.req_pool_idx``, earlier releases as
+    ``req.req_pool_idx`` (stand-ins with those attribute names): a step mixing both is read request by
+    request, and a request with neither sends the reading to the batch's own slot tensor."""
+    from validate_batch.inputs.adapters import _slots
+
+    want = [3, 7, 96, 5]
+    if layout == "own":
+        reqs = [SimpleNamespace(rid=str(i), req_pool_idx=s) for i, s in enumerate(want)]
+    elif layout == "kv":
+        reqs = [SimpleNamespace(rid=str(i), kv=SimpleNamespace(req_pool_idx=s)) for i, s in enumerate(want)]
+    elif layout == "mixed":         # the first request decides nothing: each one is read where it keeps it
+        reqs = [SimpleNamespace(rid="0", req_pool_idx=3), SimpleNamespace(rid="1", kv=SimpleNamespace(req_pool_idx=7)),
+                SimpleNamespace(rid="2", req_pool_idx=None, kv=SimpleNamespace(req_pool_idx=96)),
+                SimpleNamespace(rid="3", req_pool_idx=5)]
+    elif layout == "one":
+        want = [41]
+        reqs = [SimpleNamespace(rid="0", kv=SimpleNamespace(req_pool_idx=41))]
+    else:                           # one request names no slot: the tensor is read, all of it
+        reqs = [SimpleNamespace(rid=str(i), req_pool_idx=s) for i, s in enumerate(want)]
+        reqs[2] = SimpleNamespace(rid="2")
+        want = [30, 31, 32, 33]
+    batch = SimpleNamespace(reqs=reqs, req_pool_indices=FakeTensor([30, 31, 32, 33]))
+    assert _slots(batch) == want
+    c = Checker(engine="sglang-slots@pre-fix", server_args={
+        "max_running_requests": 32, "disaggregation_mode": "decode", "disaggregation_decode_extra_slots": 64,
+        "speculative_algorithm": "NEXTN", "speculative_num_draft_tokens": 4})
+    b = SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND, reqs=reqs, spec_algorithm=Spec("NEXTN"), decoding_reqs=None,
+                        seq_lens=FakeTensor([100] * len(reqs)), seq_lens_cpu=FakeTensor([100] * len(reqs)),
+                        req_pool_indices=FakeTensor([30, 31, 32, 33]))
+    # the draft step's per-request buffers hold 32 + 1 rows: slot 33, 41 or 96 is past them
+    assert bool(c.verdict(b)) == (max(want) <= 32) == c.check(b).legal

@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-from validate_batch import Checker, InputError
+from validate_batch import LEGAL, Checker, InputError
 from validate_batch.cli import main as cli
 from validate_batch.guard import checker as guard
 from validate_batch.legality.bounds import StepBounds
@@ -166,3 +166,41 @@ def test_the_direct_paths_table_reads_only_options_the_command_declares(command)
 
 def test_the_console_script_knows_exactly_the_direct_commands():
     assert cli.DIRECT == frozenset(cli.DIRECT_COMMANDS)
+
+
+def _general(values):
+    """The same column in a form the verdict's one-request reading does not take (a tuple): the
+    general reading then reads it."""
+    return tuple(values) if isinstance(values, list) else values
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["dsv4", "dsv4+slots"])
+def test_a_one_request_step_reads_and_decides_as_the_general_reading(engine):
+    """Steps of one request given as lists of one plain int (and short integer arrays) are read by the
+    verdict's first branch; every answer and every input error is the one the general reading gives
+    for the same values as tuples, and a legal verdict is the full check's."""
+    chk = Checker(engine, "H200", SETTINGS)
+    top = chk.max_slot if chk.max_slot is not None else 64
+    seqs = [0, 1, 2, 4096, (1 << 31) - 1, 1 << 31, -1, True, 3.0, None]
+    slots = [None, 0, 1, 2, top, top + 1, (1 << 31) - 1, 1 << 31, -1, False, "1"]
+    for mode in ("decode", "target_verify", "draft_extend"):
+        for s in seqs:
+            for slot in slots:
+                kw = {"seq_lens": [s] if s is not None else None}
+                if slot is not None:
+                    kw["req_pool_indices"] = [slot]
+                want = _outcome(lambda: chk.verdict(mode, **{k: _general(v) for k, v in kw.items()}))
+                assert _outcome(lambda: chk.verdict(mode, **kw)) == want, (mode, s, slot)
+                if isinstance(s, int) and isinstance(slot, (int, type(None))) and not isinstance(s, bool) \
+                        and not isinstance(slot, bool) and 0 <= s < 1 << 31 and (slot is None or 0 <= slot < 1 << 31):
+                    arrays = {k: np.array(v, dtype=np.int64) for k, v in kw.items()}
+                    assert _outcome(lambda: chk.verdict(mode, **arrays)) == want, (mode, s, slot, "arrays")
+                if want == ("legal", True):
+                    assert chk.full_legal(mode, **kw), (mode, s, slot)
+    # the branch never takes a step with more to read: the same one-request step with padding, merged
+    # decodes or request ids is read in full (a padded decode of 11623 rows is over the kernel's limit)
+    assert chk.verdict("decode", seq_lens=[100], req_pool_indices=[1], rids=["a"]) is LEGAL
+    assert not chk.verdict("decode", seq_lens=[100], req_pool_indices=[1], padded_rows=(232448 - 4) // 20 + 1)
+    with pytest.raises(InputError) as ei:
+        chk.verdict("decode", seq_lens=[100], num_merged_decodes=1)
+    assert ei.value.field == "num_merged_decodes"

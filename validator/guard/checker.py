@@ -42,6 +42,7 @@ from ..facts.fields import (
     list_column_sum,
     list_column_top,
     min_max,
+    short_int_list,
     total,
 )
 from ..flashmla.calls import MAX_ROWS
@@ -333,20 +334,39 @@ class Checker:
 
     # ------------------------------------------------------------------------------ lists
     def _validate(self, forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids,
-                  num_merged_decodes, padded_rows, as_array: bool = True) -> tuple:
+                  num_merged_decodes, padded_rows, as_array: bool = True):
         """The step's fields, validated (:class:`InputError` names the first bad one): ``(mode, n,
         ext, seq, pre, slots, k, pad, top)`` with ``top`` the largest slot (:meth:`max_slot_of`);
         all None for an idle step. The one reading of a step given as lists, for the verdict and
         the full check alike. ``as_array``: the columns come back as int64 arrays (what the full
-        check's profiles read); otherwise as the verdict reads them fastest: lists of plain ints
-        stay lists, short integer arrays become lists, and the slot column's maximum comes from
-        the pass that checks it."""
+        check's profiles read). Otherwise this is the verdict's reading, and it ends in the step's
+        decision: the bounds' answer (:meth:`StepBounds.decide
+        <validate_batch.legality.bounds.StepBounds.decide>`: True, False, or None when only the full
+        check can tell) on the rows :func:`query_rows` counts and the largest slot, True for an
+        idle step. It reads the columns as is fastest then: lists of plain ints stay lists, short
+        integer arrays become lists, and the slot column's maximum comes from the pass that checks
+        it."""
+        if (not as_array and extend_lens is None and prefix_lens is None and rids is None and padded_rows is None
+                and num_merged_decodes.__class__ is int and not num_merged_decodes and forward_mode.__class__ is str
+                and forward_mode in _CANONICAL_MODES and forward_mode != "extend" and forward_mode != "mixed"):
+            # the verdict's commonest small step: one request of a mode without new-token counts, its
+            # columns lists of one plain int or short integer arrays read as such (what the general
+            # reading below accepts and returns for it)
+            v = seq_lens if seq_lens.__class__ is list else short_int_list(seq_lens)
+            x = v[0] if v is not None and len(v) == 1 else None
+            if x.__class__ is int and 1 <= x <= MAX_POSITION:
+                if req_pool_indices is None:
+                    return self._decide(forward_mode, query_rows(forward_mode, 1, None, 0, None, self.draft_tokens), None)
+                v = req_pool_indices if req_pool_indices.__class__ is list else short_int_list(req_pool_indices)
+                x = v[0] if v is not None and len(v) == 1 else None
+                if x.__class__ is int and self._low_slot <= x <= MAX_POSITION:
+                    return self._decide(forward_mode, query_rows(forward_mode, 1, None, 0, None, self.draft_tokens), x)
         if forward_mode.__class__ is str and forward_mode in _CANONICAL_MODES:
             mode = forward_mode
         else:
             mode = parse_mode(forward_mode)
             if mode is None:
-                return (None,) * 9
+                return (None,) * 9 if as_array else True
         if mode == "extend" or mode == "mixed":
             if extend_lens is None:
                 raise InputError("extend_lens", f"missing: {'an' if mode == 'extend' else 'a'} {mode} step needs the new "
@@ -415,6 +435,8 @@ class Checker:
             if k and mode != "extend" and mode != "mixed":
                 raise InputError("num_merged_decodes", f"only extend / mixed steps merge running decodes, got a {mode} step")
         pad = int_arg(padded_rows, "padded_rows", 0, MAX_ROWS) if padded_rows is not None else None
+        if not as_array:
+            return self._decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), t)
         return mode, n, ext, seq, pre, slots, k, pad, t
 
     @staticmethod
@@ -484,13 +506,9 @@ class Checker:
                 return LEGAL
             report = self.check(step)
             return LEGAL if report.legal else Verdict(False, report)
-        # a forward mode (the step, or named) and per-request lists
-        mode, n, ext, seq, pre, slots, k, pad, top = self._validate(
-            step if forward_mode is None else forward_mode, extend_lens, seq_lens, req_pool_indices, prefix_lens, rids,
-            num_merged_decodes, padded_rows, False)
-        if mode is None:
-            return LEGAL
-        if self._decide(mode, query_rows(mode, n, ext, k, pad, self.draft_tokens), top):
+        # a forward mode (the step, or named) and per-request lists: read, counted and decided
+        if self._validate(step if forward_mode is None else forward_mode, extend_lens, seq_lens, req_pool_indices,
+                          prefix_lens, rids, num_merged_decodes, padded_rows, False):
             return LEGAL
         # the full check reads the columns as arrays
         mode, n, ext, seq, pre, slots, k, pad, _ = self._validate(

@@ -42,12 +42,14 @@ tensors through ``tolist()``).
 from __future__ import annotations
 
 from enum import Enum
+from operator import attrgetter
 from typing import Any
 
 from ..errors import InputError
-from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within
+from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within, list_column_top, top_within
 from ..facts.modes import Mode
 from ..facts.names import SGLANG_MODE_METHODS, SGLANG_MODES
+from ..engines.forward import query_rows
 from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
@@ -161,8 +163,23 @@ def _slot(r: Any) -> Any:
     return v
 
 
+#: a request's slot as each release's ``Req`` holds it (read for a whole step in one C pass)
+_SLOT_GETTERS = (attrgetter("req_pool_idx"), attrgetter("kv.req_pool_idx"))
+
+
 def _slots(batch: Any, members: int = 0) -> list:
-    slots = [_slot(r) for r in batch.reqs] if not members else [None]
+    slots = [None]
+    if not members:
+        reqs = batch.reqs
+        # (one getter over every request, picked by the first one; the request-by-request reading for one
+        # request, and when a request holds its slot in the other place or not at all)
+        if reqs.__class__ is list and len(reqs) > 1:
+            try:
+                slots = list(map(_SLOT_GETTERS[getattr(reqs[0], "req_pool_idx", None) is None], reqs))
+            except AttributeError:
+                pass
+        if None in slots:
+            slots = [_slot(r) for r in reqs]
     if None in slots:
         # the host copy first (no device sync), then the device tensor
         v = getattr(batch, "req_pool_indices_cpu", None)
@@ -300,12 +317,14 @@ def sglang_fast(batch: Any, checker) -> tuple | None:
             _check_extend_num_tokens(batch, int(sum(ext)))
     members = _beam_rows(batch, mode)[0] if getattr(batch, "beam_tail", None) is not None else 0
     pad = _padded_rows(batch) if getattr(batch, "global_num_tokens", None) is not None else None
-    rows = checker.step_rows(mode, n + members, ext, k, pad)
-    max_slot = None
-    if checker.has_slots:
-        slots = column(_slots(batch, members), "req_pool_indices", 0, MAX_POSITION, n + members)
-        max_slot = checker.max_slot_of(slots)
-    return mode, rows, max_slot
+    rows = query_rows(mode, n + members, ext, k, pad, checker.draft_tokens)
+    if not checker.has_slots:
+        return mode, rows, None
+    # the largest slot, -1 when a request holds the reserved row 0 (Checker.max_slot_of), from the pass
+    # that checks the column
+    slots = _slots(batch, members)
+    top = top_within(slots, 1, MAX_POSITION) if len(slots) == n + members else -1
+    return mode, rows, top if top >= 0 else list_column_top(slots, "req_pool_indices", 0, MAX_POSITION, n + members, 1)[1]
 
 
 # ----------------------------------------------------------------------------------- vLLM
