@@ -49,9 +49,18 @@ def test_the_verdict_takes_the_full_checks_reading_row_counter_and_decision(monk
     decided = _counting(monkeypatch, StepBounds, "decide")
     counted = _counting(monkeypatch, guard, "query_rows")
     chk = Checker(PRE, "H200", SETTINGS)        # binds the (wrapped) decision once
+    # the rows of a one-request step in each mode without new-token counts are the row counter's,
+    # counted once when the checker is built (SETTINGS has 4 draft tokens)
+    assert counted == ["query_rows"] * 3 and chk._one_request_rows == {"decode": 1, "target_verify": 4,
+                                                                         "draft_extend": 4}
     read = _counting(monkeypatch, Checker, "_validate")
     decided.clear()
+    counted.clear()
     assert chk.verdict("decode", seq_lens=[100], req_pool_indices=[1])
+    assert (read, counted, decided) == (["_validate"], [], ["decide"])
+    read.clear()
+    decided.clear()
+    assert chk.verdict("decode", seq_lens=[100, 200], req_pool_indices=[1, 2])
     assert (read, counted, decided) == (["_validate"], ["query_rows"], ["decide"])
     read.clear()
     assert chk.check("decode", seq_lens=[100], req_pool_indices=[1]).legal
@@ -204,3 +213,9 @@ def test_a_one_request_step_reads_and_decides_as_the_general_reading(engine):
     with pytest.raises(InputError) as ei:
         chk.verdict("decode", seq_lens=[100], num_merged_decodes=1)
     assert ei.value.field == "num_merged_decodes"
+    # without draft tokens a verify or draft step of one request is an input error, as in general
+    plain = Checker(engine, "H200", {"chunked_prefill_size": 8192, "max_running_requests": 64})
+    for mode in ("target_verify", "draft_extend"):
+        want = _outcome(lambda: plain.verdict(mode, seq_lens=(100,), req_pool_indices=(1,)))
+        assert want[0] == "error" and _outcome(lambda: plain.verdict(mode, seq_lens=[100], req_pool_indices=[1])) == want
+    assert plain.verdict("decode", seq_lens=[100], req_pool_indices=[1]) is LEGAL

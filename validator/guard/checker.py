@@ -271,6 +271,9 @@ class Checker:
         self.kernel_build: str = self._setup.kernel_build     # the FlashMLA build steps are judged by
         self.static_findings = b.static_findings
         self.draft_tokens = draft_tokens(self._template)
+        # the query rows of a step of one request, per mode without new-token counts (query_rows', once;
+        # a mode it refuses here is absent, and such a step takes the general reading, which raises)
+        self._one_request_rows = _one_request_rows(self.draft_tokens)
         # a vLLM profile splits a step as the backend does (engine objects are read for it)
         self.vllm_steps = any(engine_family(n) == "vllm" for n, _ in tmpl.profiles)
         self.mixed_chunk = bool(self._template.arg("enable_mixed_chunk", False))
@@ -354,13 +357,14 @@ class Checker:
             # reading below accepts and returns for it)
             v = seq_lens if seq_lens.__class__ is list else short_int_list(seq_lens)
             x = v[0] if v is not None and len(v) == 1 else None
-            if x.__class__ is int and 1 <= x <= MAX_POSITION:
+            rows = self._one_request_rows.get(forward_mode)
+            if x.__class__ is int and 1 <= x <= MAX_POSITION and rows is not None:
                 if req_pool_indices is None:
-                    return self._decide(forward_mode, query_rows(forward_mode, 1, None, 0, None, self.draft_tokens), None)
+                    return self._decide(forward_mode, rows, None)
                 v = req_pool_indices if req_pool_indices.__class__ is list else short_int_list(req_pool_indices)
                 x = v[0] if v is not None and len(v) == 1 else None
                 if x.__class__ is int and self._low_slot <= x <= MAX_POSITION:
-                    return self._decide(forward_mode, query_rows(forward_mode, 1, None, 0, None, self.draft_tokens), x)
+                    return self._decide(forward_mode, rows, x)
         if forward_mode.__class__ is str and forward_mode in _CANONICAL_MODES:
             mode = forward_mode
         else:
@@ -619,6 +623,19 @@ class Checker:
 
 #: the canonical forward-mode names, each its own parse (:func:`~validate_batch.facts.names.parse_mode`)
 _CANONICAL_MODES = frozenset(FORWARD_MODES)
+
+
+def _one_request_rows(draft: int) -> dict:
+    """``{mode name: query rows}`` of a step of one request in each mode that has no new-token counts
+    (:func:`query_rows` with ``draft`` speculative tokens; a mode it refuses for them is left out)."""
+    out = {}
+    for mode in _CANONICAL_MODES:
+        if mode != "extend" and mode != "mixed":
+            try:
+                out[str(mode.value)] = query_rows(mode.value, 1, None, 0, None, draft)
+            except InputError:
+                pass
+    return out
 
 
 def _array_column(v, name: str, lo: int, hi: int, n: int | None):
