@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("typer", "rich", "numpy", "click", "pydantic")
+HEAVY = ("typer", "rich", "numpy", "click", "pydantic", "difflib")
 
 # run main(), then on exit print which heavy modules were loaded (stdout of the command goes to a file)
 PROBE = (

@@ -5,7 +5,6 @@ takes it from here; nothing else keeps a list of them.
 """
 from __future__ import annotations
 
-from difflib import get_close_matches
 from functools import lru_cache
 from types import MappingProxyType
 from typing import Any
@@ -149,6 +148,8 @@ def check_server_arg(key: str, where: str) -> str:
     known = known_server_args()
     if norm in known or raw in known:
         return norm
+    from difflib import get_close_matches     # (only for a name no release knows)
+
     read = sorted(k for k in SETTINGS if "batch" in SETTINGS[k]["used_by"])
     close = get_close_matches(raw, read, n=2, cutoff=0.75) or get_close_matches(raw, sorted(known), n=2, cutoff=0.8)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else \
