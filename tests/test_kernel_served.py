@@ -4,7 +4,7 @@ predicted to be fatal sent to a child of their own.
 
 Stand-in: a backend written here (no GPU) whose jobs say what to do: return, raise, raise a CUDA
 error, exit the process, kill it with a signal, or hang. It reports its process id, so the tests can
-see which child served which call. The real torch backend runs the same protocol on the GPU machine.
+see which child served which call. The real torch backend runs the same protocol on the H200 host.
 """
 from __future__ import annotations
 

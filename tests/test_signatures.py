@@ -183,7 +183,7 @@ def test_every_generation_error_site_with_a_line_is_a_signature():
 @pytest.mark.parametrize("bad,field", [
     ({"file": "combine.cu"}, "failure"),
     ({"failure": "process_exit"}, "give the message"),
-    ({"file": "combine.cu", "message": "x", "failure": "process_exit"}, ".library"),
+    ({"file": "combine.cu", "message": "x", "failure": "process_exit"}, "library: expected the library that prints the error"),
     ({"library": "flashmla", "file": "combine.cu", "message": "x", "failure": "process_exit", "lines": {"b": [3, 1]}},
      ".lines.b"),
     ({"file": "a/combine.cu", "failure": "process_exit"}, ".file"),

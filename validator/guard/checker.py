@@ -632,7 +632,7 @@ def _one_request_rows(draft: int) -> dict:
     for mode in _CANONICAL_MODES:
         if mode != "extend" and mode != "mixed":
             try:
-                out[str(mode.value)] = query_rows(mode.value, 1, None, 0, None, draft)
+                out[mode.value] = query_rows(mode.value, 1, None, 0, None, draft)
             except InputError:
                 pass
     return out

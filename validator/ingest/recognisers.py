@@ -154,13 +154,13 @@ class Recogniser:
     when it does) before the pattern is tried; ``needs``: literals it must hold all of; ``unless``:
     literals that rule the row out. ``fields(match, line)`` gives the numbers the line carries (None:
     not this format after all); a pattern with a ``path`` group adds the source site. ``failure`` is how
-    the process ended when ``fields`` does not say; ``library`` the library when the path names none.
+    the process ended when ``fields`` does not say; ``default_library`` the library when the path names none.
     ``kind_of(match, line)`` decides the class when it depends on the line (the source file's crash class).
     ``window``: the row reads only the line's first characters.
     """
 
     name: str
-    library: str | None
+    default_library: str | None
     kind: str
     pattern: re.Pattern | FirstStarts
     markers: tuple[str, ...]
@@ -204,7 +204,7 @@ class Recogniser:
         nums.update((k, v) for k, v in more.items() if v is not None)
         if self.failure is not None and "failure" not in nums:
             nums["failure"] = self.failure
-        lib = (library_of(path) if path is not None and self.library_from_path else None) or self.library
+        lib = (library_of(path) if path is not None and self.library_from_path else None) or self.default_library
         if lib is not None and "library" not in nums:
             nums["library"] = lib
         kind = self.kind_of(m, line) if self.kind_of is not None else self.kind

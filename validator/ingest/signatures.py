@@ -54,7 +54,7 @@ def line_builds(err: ErrorEvent, library: str) -> set[str]:
     ln = err.source_line
     if ln is None or err.file is None:
         return set()
-    return {b for s in all_signatures() if s.library == library and s.file == err.file
+    return {b for s in all_signatures() if s.printed_by == library and s.file == err.file
             for b in s.fits(ln) if b is not None}
 
 
@@ -65,8 +65,8 @@ def _why_not(sig: Signature, err: ErrorEvent, build: str | None) -> str | None:
     if err.numbers.get("prose"):
         return "the error is described in prose, not printed: low-confidence evidence matches no signature"
     owner = err.owner
-    if owner is not None and owner != sig.library:
-        return f"library: the error comes from {owner}, signature {sig.library}"
+    if owner is not None and owner != sig.printed_by:
+        return f"library: the error comes from {owner}, signature {sig.printed_by}"
     if sig.file is not None:
         if err.file is None:
             return "file: the error line names no file"
@@ -85,7 +85,7 @@ def _why_not(sig: Signature, err: ErrorEvent, build: str | None) -> str | None:
         if err.numbers.get(k) != v:
             return f"{k}: the error shows {err.numbers.get(k)!r}, signature needs {v!r}"
     ln = err.source_line
-    if build is not None and build_library(build) in (None, sig.library):
+    if build is not None and build_library(build) in (None, sig.printed_by):
         if sig.builds and build not in sig.builds:
             return f"builds: {build} is not one of {', '.join(sig.builds)}"
         own = [r for r in sig.ranges if r[0] == build]
@@ -93,7 +93,7 @@ def _why_not(sig: Signature, err: ErrorEvent, build: str | None) -> str | None:
             return (f"lines: {ln} is not {build}'s line ({', '.join(_span(lo, hi) for _, lo, hi in own)}): "
                     "the build given did not print it")
     elif build is None and sig.builds:
-        shown = line_builds(err, sig.library)
+        shown = line_builds(err, sig.printed_by)
         if shown and not shown & set(sig.builds):
             return (f"builds: line {ln} of {err.file} is {', '.join(sorted(shown))}'s, not one of "
                     f"{', '.join(sig.builds)}")
@@ -144,7 +144,7 @@ def possible(err: ErrorEvent | None) -> list[str]:
     lib = err.owner
     out = []
     for s in all_signatures():
-        if s.file is None or not tail or (lib is not None and s.library != lib):
+        if s.file is None or not tail or (lib is not None and s.printed_by != lib):
             continue
         if s.file.startswith(tail) or s.file.split(".", 1)[0] in frag:
             out.append(s.code)

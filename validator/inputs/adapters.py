@@ -46,7 +46,7 @@ from operator import attrgetter
 from typing import Any
 
 from ..errors import InputError
-from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within, list_column_top, top_within
+from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within, list_column_top
 from ..facts.modes import Mode
 from ..facts.names import SGLANG_MODE_METHODS, SGLANG_MODES
 from ..engines.forward import query_rows
@@ -174,8 +174,9 @@ def _slots(batch: Any, members: int = 0) -> list:
         # (one getter over every request, picked by the first one; the request-by-request reading for one
         # request, and when a request holds its slot in the other place or not at all)
         if reqs.__class__ is list and len(reqs) > 1:
+            get = _SLOT_GETTERS[1] if getattr(reqs[0], "req_pool_idx", None) is None else _SLOT_GETTERS[0]
             try:
-                slots = list(map(_SLOT_GETTERS[getattr(reqs[0], "req_pool_idx", None) is None], reqs))
+                slots = list(map(get, reqs))
             except AttributeError:
                 pass
         if None in slots:
@@ -322,9 +323,7 @@ def sglang_fast(batch: Any, checker) -> tuple | None:
         return mode, rows, None
     # the largest slot, -1 when a request holds the reserved row 0 (Checker.max_slot_of), from the pass
     # that checks the column
-    slots = _slots(batch, members)
-    top = top_within(slots, 1, MAX_POSITION) if len(slots) == n + members else -1
-    return mode, rows, top if top >= 0 else list_column_top(slots, "req_pool_indices", 0, MAX_POSITION, n + members, 1)[1]
+    return mode, rows, list_column_top(_slots(batch, members), "req_pool_indices", 0, MAX_POSITION, n + members, 1)[1]
 
 
 # ----------------------------------------------------------------------------------- vLLM

@@ -1,5 +1,5 @@
 """torch in a kernel-mode child: imported and checked, the CUDA device required and described (shared by the
-FlashMLA backend, :mod:`.torch_backend`, and the other libraries', :mod:`.library_backend`)."""
+FlashMLA backend, :mod:`.torch_backend`, and the other libraries', :mod:`.libraries_backend`)."""
 from __future__ import annotations
 
 from .protocol import Unavailable

@@ -31,7 +31,7 @@ from .builds import LEGACY_PARAM, distribution_of
 from .child_torch import device_facts
 from .child_torch import require_cuda as _require_cuda
 from .child_torch import torch_module as _torch
-from .library_backend import OPS as LIBRARY_OPS
+from .libraries_backend import OPS as LIBRARY_OPS
 from .protocol import Unavailable, Unsupported
 from .providers import PROVIDER_MODULES, Param, classify_api
 from .vllm_bundle import EXTENSION_OPS, add_to_path

@@ -35,7 +35,7 @@ FIELDS = ("library", "file", "function", "lines", "message", "failure", "builds"
 class Signature:
     code: str
     index: int
-    library: str
+    printed_by: str                                     # the library that prints the error
     file: str | None
     function: str | None
     ranges: tuple[tuple[str | None, int, int], ...]     # (build, lo, hi); build None: any build
@@ -64,7 +64,7 @@ class Signature:
         return {b: [lo, hi] for b, lo, hi in self.ranges}
 
     def to_dict(self) -> dict:
-        d: dict = {"rule": self.code, "signature": self.index, "library": self.library, "failure": self.failure}
+        d: dict = {"rule": self.code, "signature": self.index, "library": self.printed_by, "failure": self.failure}
         if self.file:
             d["file"] = self.file
         if self.function:
