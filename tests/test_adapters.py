@@ -427,3 +427,62 @@ def test_sglang_slots_read_from_either_place_a_release_keeps_them(layout):
                         req_pool_indices=FakeTensor([30, 31, 32, 33]))
     # the draft step's per-request buffers hold 32 + 1 rows: slot 33, 41 or 96 is past them
     assert bool(c.verdict(b)) == (max(want) <= 32) == c.check(b).legal
+
+
+class CountingReq:
+    """A stand-in SGLang ``Req`` (the attribute names of releases before 0.5.23) that counts reads
+    of its ``rid``."""
+
+    reads = 0
+
+    def __init__(self, rid, slot):
+        self._rid, self.req_pool_idx = rid, slot
+
+    @property
+    def rid(self):
+        CountingReq.reads += 1
+        return self._rid
+
+
+def test_sglang_request_ids_are_read_when_the_report_names_a_request():
+    """A checked step's request ids come from the requests only when the report needs them: a legal
+    step's check never reads them, an illegal one's reads each once, and two requests with one id are
+    an input error naming the id (stand-in ``Req`` objects: SGLang's attribute names)."""
+    c = Checker(engine="sglang-slots@pre-fix", server_args={
+        "max_running_requests": 32, "disaggregation_mode": "decode", "disaggregation_decode_extra_slots": 64,
+        "speculative_algorithm": "NEXTN", "speculative_num_draft_tokens": 4})
+
+    def step(rids, slots):
+        return SimpleNamespace(forward_mode=ForwardMode.DRAFT_EXTEND, reqs=[CountingReq(r, s) for r, s in zip(rids, slots)],
+                               spec_algorithm=Spec("NEXTN"), decoding_reqs=None, seq_lens_cpu=[100] * len(rids))
+
+    CountingReq.reads = 0
+    legal = c.check(step(["a", "b", "c"], [1, 2, 32]))      # 32 + 1 rows per request buffer: slot 32 fits
+    assert legal.legal and CountingReq.reads == 0
+    legal.to_dict()
+    assert CountingReq.reads == 0
+    assert c.check(step(["a", "a"], [1, 2])).legal           # a legal step's ids are not read, so not checked
+    CountingReq.reads = 0
+    bad = c.check(step(["a", "b", "c"], [1, 96, 2]))
+    assert not bad.legal and CountingReq.reads == 3
+    assert [f.message.split(" holds")[0] for f in bad.errors if f.code == "SLOT002"] == ["request b"]
+    assert CountingReq.reads == 3                            # read once, kept
+    with pytest.raises(InputError) as e:
+        c.check(step(["a", "b", "a"], [1, 96, 2]))
+    assert e.value.field == "rids" and "'a'" in str(e.value)
+    # an illegal step whose findings name no request (too many rows) still reads them: its split does
+    pre = Checker(engine=PRE, gpu="H200", server_args=SEED_ARGS)
+    seed = schedule_batch(ForwardMode.EXTEND, ["p1", "p2", "p1"], extend=[4096] * 3, seq=[4096] * 3, slots=[1, 2, 3])
+    with pytest.raises(InputError) as e:
+        pre.check(seed)
+    assert e.value.field == "rids" and "'p1'" in str(e.value)
+    seed.reqs[2].rid = "p3"
+    assert pre.check(seed).safe_split.steps == [["p1", "p2"], ["p3"]]
+    no_id = step(["a", "b"], [1, 96])
+    del no_id.reqs[1]._rid
+    with pytest.raises(InputError) as e:
+        c.check(no_id)
+    assert e.value.field == "reqs[1].rid"
+    # the verdict's illegal answer carries the same report
+    v = c.verdict(step(["x", "y"], [96, 3]))
+    assert not v and [f.message.split(" holds")[0] for f in v.findings if f.code == "SLOT002"] == ["request x"]

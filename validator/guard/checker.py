@@ -445,6 +445,8 @@ class Checker:
 
     @staticmethod
     def _rids(rids, n: int) -> list:
+        if rids.__class__ is adapters.RequestIds and len(rids) == n:
+            return rids     # an engine step's own ids: read and checked when the report first names a request
         if isinstance(rids, (str, bytes)) or not hasattr(rids, "__len__") or len(rids) != n:
             raise InputError("rids", f"expected {n} request ids (one per request)")
         rids = list(rids)
@@ -563,7 +565,11 @@ class Checker:
         lists = adapters.step_lists(step, self)
         if lists is None:
             return _idle_report()
-        return self.check(lists.pop("forward_mode"), **lists)
+        report = self.check(lists.pop("forward_mode"), **lists)
+        rids = lists.get("rids")
+        if not report.legal and rids.__class__ is adapters.RequestIds:
+            rids.ids()      # an illegal step's report names its requests: they are read (and checked) now
+        return report
 
     def batch(self, forward_mode: Any, extend_lens: Any = None, seq_lens: Any = None, req_pool_indices: Any = None,
               *, prefix_lens: Any = None, rids: Any = None, num_merged_decodes: int = 0,

@@ -20,6 +20,9 @@ SGLang ``ScheduleBatch`` (what ``Scheduler.get_next_batch_to_run`` returns, befo
   forward's rows, checked against the extend lengths); ``global_num_tokens`` (per attention-DP rank
   token counts: a rank's forward is padded to the largest of them under the engine's MAX_LEN DP
   padding, so it is taken as the step's padding rows).
+* The requests' ``rid`` are read only when a report names a request (:class:`RequestIds`): a
+  legal step's check reads the columns it judges, and an illegal one's reads the ids as well, and
+  refuses two requests with one id.
 
 vLLM ``SchedulerOutput`` (what ``Scheduler.schedule()`` returns):
 
@@ -41,6 +44,7 @@ tensors through ``tolist()``).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import Enum
 from operator import attrgetter
 from typing import Any
@@ -121,6 +125,57 @@ def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> Mode | None:
     if mode is Mode.DECODE and draft_tokens > 0 and _spec_on(batch):
         return Mode.TARGET_VERIFY
     return mode
+
+
+class RequestIds(Sequence):
+    """An SGLang step's request ids (each request's ``rid`` as a string, then any beam-search
+    member rows' ids), read from the requests when first used: when the report names a request
+    (a finding, the safe split, a listing of the requests), not for every checked step. The step's
+    requests are held as they were when it was read. Reading them raises :class:`InputError` for
+    a request without ``rid`` and for two requests with the same id."""
+
+    __slots__ = ("_reqs", "_extra", "_ids")
+
+    def __init__(self, reqs, extra: list | None = None):
+        self._reqs = tuple(reqs)
+        self._extra = list(extra or ())
+        self._ids: list | None = None
+
+    def ids(self) -> list[str]:
+        """The ids as a list (read and checked on the first call)."""
+        ids = self._ids
+        if ids is None:
+            try:
+                ids = [str(r.rid) for r in self._reqs]
+            except AttributeError:
+                i = next(i for i, r in enumerate(self._reqs) if not hasattr(r, "rid"))
+                raise InputError(f"reqs[{i}].rid", "missing: every request of the batch names its id") from None
+            ids += self._extra
+            if len(set(ids)) != len(ids):
+                seen: set = set()
+                dup = next(x for x in ids if x in seen or seen.add(x))
+                raise InputError("rids", f"duplicate request id {dup!r} among the batch's requests")
+            self._ids = ids
+        return ids
+
+    def __len__(self) -> int:
+        return len(self._reqs) + len(self._extra)
+
+    def __getitem__(self, i):
+        return self.ids()[i]
+
+    def __iter__(self):
+        return iter(self.ids())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (RequestIds, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"RequestIds({self.ids()!r})" if self._ids is not None else f"RequestIds(<{len(self)} unread>)"
 
 
 def _merged_decodes(batch: Any, mode: Mode, n: int) -> int:
@@ -240,10 +295,7 @@ def sglang_lists(batch: Any, checker) -> dict | None:
     if mode is None or n == 0:
         return None
     members, member_ids = _beam_rows(batch, mode)
-    rids = [str(r.rid) for r in reqs]
-    if member_ids:
-        rids += member_ids
-    out: dict = {"forward_mode": mode.value, "rids": rids}
+    out: dict = {"forward_mode": mode.value, "rids": RequestIds(reqs, member_ids)}
     if mode.is_routable() or (mode.is_draft_extend() and getattr(batch, "extend_lens", None) is not None):
         out["extend_lens"] = _extend_lens(batch, n)
         pre = getattr(batch, "prefix_lens", None)
@@ -498,4 +550,4 @@ def to_batch(obj: Any, checker):
 
 
 __all__ = ["is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
-           "fast_step", "sglang_fast", "to_batch", "SGLANG_MODES"]
+           "fast_step", "sglang_fast", "to_batch", "SGLANG_MODES", "RequestIds"]
