@@ -219,3 +219,88 @@ def test_a_one_request_step_reads_and_decides_as_the_general_reading(engine):
         want = _outcome(lambda: plain.verdict(mode, seq_lens=(100,), req_pool_indices=(1,)))
         assert want[0] == "error" and _outcome(lambda: plain.verdict(mode, seq_lens=[100], req_pool_indices=[1])) == want
     assert plain.verdict("decode", seq_lens=[100], req_pool_indices=[1]) is LEGAL
+
+
+class _SGLangMode(__import__("enum").IntEnum):
+    """Stands in for SGLang's ``ForwardMode`` (its member names; the values are not read)."""
+
+    EXTEND = 1
+    DECODE = 2
+    IDLE = 4
+    TARGET_VERIFY = 5
+    DRAFT_EXTEND = 6
+
+
+class _Spec:
+    def __init__(self, on):
+        self.on = on
+
+    def is_none(self):
+        return not self.on
+
+
+def _schedule_batch(mode, slot, *, spec=False, kv=False, **extra):
+    """Stands in for SGLang's ``ScheduleBatch`` of one request (the attribute names the adapters read;
+    ``kv``: the request holds its slot as 0.5.23's ``Req.kv.req_pool_idx``, else as ``req_pool_idx``)."""
+    from types import SimpleNamespace
+
+    r = SimpleNamespace(rid="r0", kv=SimpleNamespace(req_pool_idx=slot)) if kv else SimpleNamespace(rid="r0",
+                                                                                                  req_pool_idx=slot)
+    b = SimpleNamespace(forward_mode=mode, reqs=[r], spec_algorithm=_Spec(spec), decoding_reqs=None,
+                        seq_lens_cpu=Tensor([100]), req_pool_indices_cpu=Tensor([slot if isinstance(slot, int) else 0]),
+                        global_num_tokens=None, beam_tail=None)
+    for k, v in extra.items():
+        setattr(b, k, v)
+    return b
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=["dsv4", "dsv4+slots"])
+def test_a_one_request_engine_step_is_decided_as_the_full_check_decides_it(engine, monkeypatch):
+    """An SGLang step of one request (decode, verify, draft extend; the slot where either release
+    keeps it) is read by the verdict's one-request branch when it holds a plain int slot: the bounds
+    decision gets the mode, rows and largest slot the general reading of the same step as lists
+    gives it (-1 for the reserved row 0), the answer is the full check's, and where slots are
+    checked a slot is legal iff 1 <= slot <= the buffers' last row (SETTINGS's 64 running requests
+    give rows 0..64)."""
+    asked = []
+    real = StepBounds.decide
+
+    def decide(self, mode, rows, max_slot):
+        asked.append((str(mode), rows, max_slot))
+        return real(self, mode, rows, max_slot)
+
+    monkeypatch.setattr(StepBounds, "decide", decide)
+    chk = Checker(engine, "H200", SETTINGS)       # binds the recording decision
+    names = {(_SGLangMode.DECODE, False): "decode", (_SGLangMode.DECODE, True): "target_verify",
+             (_SGLangMode.TARGET_VERIFY, True): "target_verify", (_SGLangMode.DRAFT_EXTEND, True): "draft_extend"}
+    top = chk.max_slot
+    slots = [0, 1, 2, 63, 64, 65, (1 << 31) - 1, -1, np.int64(3), np.int64(65), True]
+    for mode, spec in names:
+        for slot in slots:
+            for kv in (False, True):
+                step = _schedule_batch(mode, slot, spec=spec, kv=kv)
+                asked.clear()
+                got, want = _outcome(lambda: chk.verdict(step)), _outcome(lambda: chk.check(step).legal)
+                by_engine = asked[:1]
+                asked.clear()
+                slots_kw = {"req_pool_indices": (slot,)} if chk.has_slots else {}
+                general = _outcome(lambda: chk.verdict(names[mode, spec], seq_lens=(100,), **slots_kw))
+                if got[0] == "legal" and general[0] == "legal":
+                    assert by_engine == asked[:1] and by_engine, (mode, spec, slot, kv)
+                assert got == want, (mode, spec, slot, kv)
+                if top is not None and type(slot) is int:
+                    legal = ("legal", 1 <= slot <= 64) if slot >= 0 else ("error", "req_pool_indices[0]")
+                    assert top == 64 and got == legal, (mode, slot, kv)
+                elif top is None:
+                    assert got == ("legal", True), (mode, slot, kv)
+    # the branch never takes a step with more to read: data-parallel padding past the kernel's limit
+    # ((232448 - 4) // 20 + 1 rows on an H200) is read and refused
+    padded = _schedule_batch(_SGLangMode.DECODE, 1, global_num_tokens=[1, (232448 - 4) // 20 + 1], dp_rank=0,
+                             tp_rank=0, attn_dp_size=2)
+    assert _outcome(lambda: chk.verdict(padded)) == _outcome(lambda: chk.check(padded).legal)
+    # idle steps and empty ones are legal; what is not a ScheduleBatch goes the other ways
+    assert chk.verdict(_schedule_batch(_SGLangMode.IDLE, 1)) is LEGAL
+    assert chk.verdict(_schedule_batch(_SGLangMode.DECODE, 1, reqs=[])) is LEGAL
+    with pytest.raises(InputError) as e:
+        chk.verdict(object())
+    assert e.value.field == "batch"

@@ -274,6 +274,8 @@ class Checker:
         # the query rows of a step of one request, per mode without new-token counts (query_rows', once;
         # a mode it refuses here is absent, and such a step takes the general reading, which raises)
         self._one_request_rows = _one_request_rows(self.draft_tokens)
+        # (the same keyed by the members, for the engine-object reading: a member found by identity)
+        self._one_request_rows_of = {parse_mode(m): r for m, r in self._one_request_rows.items()}
         # a vLLM profile splits a step as the backend does (engine objects are read for it)
         self.vllm_steps = any(engine_family(n) == "vllm" for n, _ in tmpl.profiles)
         self.mixed_chunk = bool(self._template.arg("enable_mixed_chunk", False))
@@ -497,18 +499,15 @@ class Checker:
         carries the full report and safe split.
         """
         if forward_mode is None and step.__class__ is not str:
-            if hasattr(step, "reqs") and hasattr(step, "forward_mode"):     # an SGLang ScheduleBatch
-                fs = adapters.sglang_fast(step, self)
-            elif step is None:
-                raise _no_step()
-            elif isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
-                report = self.check(step, as_written=as_written)
-                return LEGAL if report.legal else Verdict(False, report)
-            else:
-                fs = adapters.fast_step(step, self)
-            if fs is None:  # idle
-                return LEGAL
-            if self._decide(*fs):
+            decided = _sglang_decision(step, self)       # an SGLang ScheduleBatch
+            if decided is _NOT_SGLANG:
+                if step is None:
+                    raise _no_step()
+                if isinstance(step, Batch) or (not hasattr(step, "forward_mode") and is_batch_document(step)):
+                    report = self.check(step, as_written=as_written)
+                    return LEGAL if report.legal else Verdict(False, report)
+                decided = adapters.fast_decision(step, self)
+            if decided:     # legal, or idle
                 return LEGAL
             report = self.check(step)
             return LEGAL if report.legal else Verdict(False, report)
@@ -626,6 +625,8 @@ class Checker:
                         num_running_decodes=num_running_decodes, padded_rows=padded_rows,
                         prefix_lens=prefix_lens, req_pool_indices=req_pool_indices)
 
+
+_sglang_decision, _NOT_SGLANG = adapters.sglang_decision, adapters.NOT_SGLANG     # (read every step)
 
 #: the canonical forward-mode names, each its own parse (:func:`~validate_batch.facts.names.parse_mode`)
 _CANONICAL_MODES = frozenset(FORWARD_MODES)

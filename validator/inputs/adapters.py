@@ -339,26 +339,47 @@ def _member_mode(fm: Any) -> tuple | None:
     return hit
 
 
-def sglang_fast(batch: Any, checker) -> tuple | None:
-    """``(forward mode, query rows, largest slot)`` of an SGLang ``ScheduleBatch`` (what :func:`fast_step`
-    gives for one); None when nothing runs."""
+#: what :func:`sglang_decision` gives for an object that is not an SGLang ``ScheduleBatch``
+NOT_SGLANG = object()
+
+
+def sglang_decision(batch: Any, checker) -> bool | None | object:
+    """The verdict's decision for an SGLang ``ScheduleBatch``: ``checker``'s bounds decision
+    (:meth:`StepBounds.decide <validate_batch.legality.bounds.StepBounds.decide>`: True legal,
+    False illegal, None when only the full check can tell) on the step's forward mode, query rows
+    and largest slot; True when nothing runs; :data:`NOT_SGLANG` for an object without ``reqs``
+    and ``forward_mode`` (read once each)."""
+    try:
+        fm = batch.forward_mode
+        reqs = batch.reqs
+    except AttributeError:
+        return NOT_SGLANG
     # (the members from module names: on Python 3.11 each ``Mode.X`` read costs about 0.2 us)
-    fm = batch.forward_mode
-    hit = _MEMBER_MODES.get(id(fm))
-    if hit is None or hit[0] is not fm:
+    hit = _MEMBER_MODES.get(id(fm))     # (an entry holds its member: no other object has that id)
+    if hit is None:
         hit = _member_mode(fm)
     if hit is None:
         mode = sglang_forward_mode(batch, checker.draft_tokens)
         routable = mode is not None and mode.is_routable()
     else:
-        mode, routable = hit[1], hit[2]
+        _, mode, routable = hit
         if mode is _DECODE and checker.draft_tokens > 0 and _spec_on(batch):
             mode = _TARGET_VERIFY
             routable = mode.is_routable()
-    reqs = batch.reqs
     n = len(reqs)
     if mode is None or n == 0:
-        return None
+        return True
+    if (n == 1 and not routable and mode is not _DRAFT_EXTEND and getattr(batch, "beam_tail", None) is None
+            and getattr(batch, "global_num_tokens", None) is None):
+        # one request of a decode or verify step (the commonest small step): its rows from the checker's
+        # table, its slot read here when the request holds a plain int in range (anything else: below)
+        rows = checker._one_request_rows_of.get(mode)
+        if rows is not None:
+            if not checker.has_slots:
+                return checker._decide(mode, rows, None)
+            s = getattr(reqs[0], "req_pool_idx", None)
+            if s.__class__ is int and 1 <= s <= MAX_POSITION:
+                return checker._decide(mode, rows, s)
     ext, k = None, 0
     if routable or (mode is _DRAFT_EXTEND and getattr(batch, "extend_lens", None) is not None):
         ext = getattr(batch, "extend_lens", None)
@@ -372,10 +393,11 @@ def sglang_fast(batch: Any, checker) -> tuple | None:
     pad = _padded_rows(batch) if getattr(batch, "global_num_tokens", None) is not None else None
     rows = query_rows(mode, n + members, ext, k, pad, checker.draft_tokens)
     if not checker.has_slots:
-        return mode, rows, None
+        return checker._decide(mode, rows, None)
     # the largest slot, -1 when a request holds the reserved row 0 (Checker.max_slot_of), from the pass
     # that checks the column
-    return mode, rows, list_column_top(_slots(batch, members), "req_pool_indices", 0, MAX_POSITION, n + members, 1)[1]
+    top = list_column_top(_slots(batch, members), "req_pool_indices", 0, MAX_POSITION, n + members, 1)[1]
+    return checker._decide(mode, rows, top)
 
 
 # ----------------------------------------------------------------------------------- vLLM
@@ -526,19 +548,23 @@ def step_lists(obj: Any, checker) -> dict | None:
                               f"or a forward mode with per-request lists, got {type(obj).__name__}")
 
 
-def fast_step(obj: Any, checker) -> tuple | None:
-    """``(forward mode, query rows, largest slot)`` of an engine object, read as cheaply as possible."""
-    if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):    # a ScheduleBatch (a plan has no reqs)
-        return sglang_fast(obj, checker)
+def fast_decision(obj: Any, checker) -> bool | None:
+    """The verdict's decision (:func:`sglang_decision`'s) for an engine object, read as cheaply as
+    possible: True when nothing runs."""
+    d = sglang_decision(obj, checker)     # a ScheduleBatch (a plan has no reqs)
+    if d is not NOT_SGLANG:
+        return d
     obj = _planned_batch(obj)
     if obj is None:
-        return None
-    if hasattr(obj, "reqs") and hasattr(obj, "forward_mode"):
-        return sglang_fast(obj, checker)
+        return True
+    d = sglang_decision(obj, checker)
+    if d is not NOT_SGLANG:
+        return d
     if is_vllm_output(obj):
-        return _vllm_fast(obj, checker)
+        fs = _vllm_fast(obj, checker)
+        return True if fs is None else checker._decide(*fs)
     step_lists(obj, checker)  # raises the InputError
-    return None
+    return True
 
 
 def to_batch(obj: Any, checker):
@@ -550,4 +576,4 @@ def to_batch(obj: Any, checker):
 
 
 __all__ = ["is_sglang_batch", "is_vllm_output", "sglang_forward_mode", "sglang_lists", "vllm_lists", "step_lists",
-           "fast_step", "sglang_fast", "to_batch", "SGLANG_MODES", "RequestIds"]
+           "fast_decision", "sglang_decision", "NOT_SGLANG", "to_batch", "SGLANG_MODES", "RequestIds"]
