@@ -75,6 +75,16 @@ def test_metadata_quiet_loads_neither_typer_nor_rich():
     assert "typer" not in mods and "rich" not in mods
 
 
+def test_the_readme_first_command_loads_neither_typer_nor_rich():
+    # the README's first command: its verdict with --exit-zero, to a pipe
+    code, out, mods = loaded(["check", "--example", "dsv4-prefill-3x4096", "--exit-zero"])
+    assert code == 0 and "verdict: ILLEGAL" in out and "FMLA001" in out
+    assert "rich" not in mods and "typer" not in mods and "click" not in mods
+    code, out, mods = loaded(["check", "--example", "dsv4-prefill-3x4096", "--select", "SGL", "--statistics", "--json"])
+    assert code == 1 and [f["code"] for f in json.loads(out)["findings"]] == ["SGL001"]
+    assert "typer" not in mods
+
+
 def test_a_form_the_direct_path_does_not_read_still_runs_through_typer():
     code, out, mods = loaded(["check", "--example=dsv4-prefill-3x4096", "--json"])
     assert code == 1 and json.loads(out)["legal"] is False

@@ -505,10 +505,15 @@ def rules_cmd(as_json: bool = False) -> None:
 # (tests/test_cli_direct.py).
 _DIRECT_COMMON = {"--json": ("as_json", False), "--quiet": ("quiet", False), "-q": ("quiet", False),
                   "--gpu": ("gpu", True), "--build": ("build", True), "--kernel-gen": ("build", True),
-                  "--output-format": ("output_format", True), "-f": ("output_format", True)}
+                  "--output-format": ("output_format", True), "-f": ("output_format", True),
+                  "--select": ("select", True), "--ignore": ("ignore", True), "--statistics": ("stats", False),
+                  "--output-file": ("output_file", True)}
 #: per command: its function and the options the direct path reads, word -> (parameter, whether a
 #: value follows); any other word that does not start with "-", or "-" itself, is the FILE
-DIRECT_COMMANDS = {"check": (check, {**_DIRECT_COMMON, "--example": ("example", True)}),
+DIRECT_COMMANDS = {"check": (check, {**_DIRECT_COMMON, "--example": ("example", True), "--exit-zero": ("exit_zero", False),
+                                     "--strict-provenance": ("strict_provenance", False),
+                                     "--as-written": ("as_written", False), "--across-builds": ("across_builds", False),
+                                     "--recursive": ("recursive", False), "-r": ("recursive", False)}),
                    "metadata": (metadata, _DIRECT_COMMON),
                    "rules": (rules_cmd, {"--json": ("as_json", False)})}
 
