@@ -156,7 +156,11 @@ def test_memo_belongs_to_its_checker(impl):
     a = validate_batch.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
     b = validate_batch.Checker(engine="sglang-dsv4@pre-25418", gpu="H200")
     seq = [1000 + 37 * i for i in range(300)]
-    a.check("decode", seq_lens=seq)
+    rep = a.check("decode", seq_lens=seq)
+    # 300 rows are below FMLA002's safe rows for these shapes: the check walks no schedule, and a plan's
+    # schedule read afterwards is walked in its checker's memo
+    assert len(a.schedule_memo) == 0
+    assert all(p.schedule is not None for p in rep.plans)
     assert len(a.schedule_memo) > 0 and len(b.schedule_memo) == 0
     rep = validate_batch.check({"engine": "sglang-dsv4@pre-25418", "forward_mode": "decode",
                            "requests": [{"id": f"r{i}", "seq_len": s} for i, s in enumerate(seq)]})

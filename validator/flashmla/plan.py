@@ -356,6 +356,17 @@ class Plan:
         return self.call.entry == "flash_mla_with_kvcache"
 
     @cached
+    def oaccum_max_row(self) -> int | None:
+        """The largest ``o_accum`` row whose offset, ``row * s_q*h_q*d_v``, fits the offset's signed
+        integer (``oaccum.offset_bits``); None for a call that is not a decode call. A fact of the
+        shape (:data:`SHAPE_FACTS`)."""
+        if not self.is_decode:
+            return None
+        c = self.call
+        acc = self.gen["oaccum"]
+        return ((1 << (acc["offset_bits"] - 1)) - 1) // (c.s_q * c.h_q * acc["d_v"])
+
+    @cached
     def workspace_rows(self) -> int | None:
         """Rows of the split-KV accumulators: ``b + num_sm_parts`` (None: no split-KV attention call)."""
         if not self.is_decode or self.num_sm_parts is None or not self.runs_attention or not self.split_kv:
@@ -449,7 +460,7 @@ def _call_record(c: KernelCall) -> dict | str:
 
 #: cached plan facts that depend on the call's shape, GPU and build only (not on b or the lengths)
 SHAPE_FACTS = ("fast_sched_rows", "falls_back", "max_sched_rows", "split_kv", "sched_smem_formula", "is_decode",
-               "runs_attention", "block_size", "fixed_overhead")
+               "runs_attention", "block_size", "fixed_overhead", "oaccum_max_row")
 
 _HOISTED: dict[tuple, dict] = {}
 

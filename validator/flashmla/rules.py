@@ -158,10 +158,7 @@ def oaccum_safe_rows(p: Plan) -> int | None:
     (None: no scheduler, no bound needed)."""
     if not p.is_decode or p.num_sm_parts is None:
         return None
-    c = p.call
-    acc = p.gen["oaccum"]
-    stride = c.s_q * c.h_q * acc["d_v"]
-    return max(_int_max(acc["offset_bits"]) // stride - p.num_sm_parts + 1, 0)
+    return max(p.oaccum_max_row - p.num_sm_parts + 1, 0)
 
 
 @rule("FMLA002", facts=_facts(lambda p: p.is_decode and p.runs_attention, 'oaccum', 'idle_begin_block', ''), reads="schedule", safe_rows=oaccum_safe_rows, added=2,
@@ -212,17 +209,21 @@ def oaccum_offset(p: Plan):
     FlashMLA 9241ae3 split-KV and combine kernels; measured on an H200 at five (s_q, h_q) shapes and
     621 random calls.
     """
-    sch = p.schedule if p.is_decode and p.runs_attention else None
+    if not (p.is_decode and p.runs_attention):
+        return None
+    safe = oaccum_safe_rows(p)
+    if safe is not None and p.call.b <= safe:
+        return None     # no split row of b rows reaches the overflow (oaccum_safe_rows): no schedule is needed
+    sch = p.schedule
     if sch is None or sch.last_split_request < 0:
         return None
     c = p.call
     acc = p.gen["oaccum"]
     stride = c.s_q * c.h_q * acc["d_v"]
     row = sch.max_split_row
-    limit = _int_max(acc["offset_bits"])
-    if row * stride <= limit:
+    max_row = p.oaccum_max_row
+    if row <= max_row:
         return None
-    max_row = limit // stride
     req = sch.last_split_request
     return [oaccum_offset.rule.finding(
         f"request {req} is split and its last partial-result row is {row}; expected row * s_q*h_q*{acc['d_v']} "
