@@ -170,7 +170,7 @@ class Recogniser:
     unless: tuple[str, ...] = ()
     window: int | None = None
     kind_of: Callable[[re.Match, str], str] | None = None
-    library_from_path: bool = True
+    path_names_library: bool = True
     block: Block | None = None
     source: str = ""
 
@@ -204,7 +204,7 @@ class Recogniser:
         nums.update((k, v) for k, v in more.items() if v is not None)
         if self.failure is not None and "failure" not in nums:
             nums["failure"] = self.failure
-        lib = (library_of(path) if path is not None and self.library_from_path else None) or self.default_library
+        lib = (library_of(path) if path is not None and self.path_names_library else None) or self.default_library
         if lib is not None and "library" not in nums:
             nums["library"] = lib
         kind = self.kind_of(m, line) if self.kind_of is not None else self.kind
@@ -418,7 +418,7 @@ RECOGNISERS: tuple[Recogniser, ...] = (
         "flashinfer_error", "flashinfer", "flashinfer_plan",
         re.compile(r"Error in function '(?P<func>[^']*)' at " + _SRC + r":(?P<line>\d+):?\s*(?P<msg>.*)"),
         ("Error in function '",), lambda m, line: {"function": m.group("func"), "message": m.group("msg").strip()},
-        failure="python_exception", window=SITE_SCAN_CHARS, library_from_path=False,
+        failure="python_exception", window=SITE_SCAN_CHARS, path_names_library=False,
         source="FlashInfer's exception text (include/flashinfer/exception.h, class Error)"),
     Recogniser(
         "flashinfer_cuda_driver", "flashinfer", "flashinfer_launch",

@@ -120,6 +120,17 @@ def _pattern(where: str, msg: object) -> re.Pattern:
         raise SignatureDataError(f"{where}.message: not a regular expression ({e})") from None
 
 
+def _name(raw: dict, where: str, key: str, expected: str, optional: bool = False, slash: bool = True) -> str | None:
+    """The non-empty string field ``key`` of a signature (None when ``optional`` and absent;
+    ``slash``: whether it may hold a "/")."""
+    v = raw.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, str) or not v or (not slash and "/" in v):
+        raise SignatureDataError(f"{where}.{key}: expected {expected}, got {v!r}")
+    return v
+
+
 def parse_signature(code: str, i: int, raw: object) -> Signature:
     """Signature ``i`` of rule ``code`` from its definition; :class:`SignatureDataError` names the
     field that is wrong."""
@@ -129,15 +140,9 @@ def parse_signature(code: str, i: int, raw: object) -> Signature:
     unknown = sorted(set(raw) - set(FIELDS))
     if unknown:
         raise SignatureDataError(f"{where}: unknown field(s) {', '.join(unknown)}; known: {', '.join(FIELDS)}")
-    failure = raw.get("failure")
-    if not isinstance(failure, str) or not failure:
-        raise SignatureDataError(f"{where}.failure: expected a failure class such as 'process_exit', got {failure!r}")
-    file = raw.get("file")
-    if file is not None and (not isinstance(file, str) or "/" in file or not file):
-        raise SignatureDataError(f"{where}.file: expected a file name without directories, got {file!r}")
-    function = raw.get("function")
-    if function is not None and (not isinstance(function, str) or not function):
-        raise SignatureDataError(f"{where}.function: expected a function name, got {function!r}")
+    failure = _name(raw, where, "failure", "a failure class such as 'process_exit'")
+    file = _name(raw, where, "file", "a file name without directories", optional=True, slash=False)
+    function = _name(raw, where, "function", "a function name", optional=True)
     builds = raw.get("builds") or []
     if not isinstance(builds, (list, tuple)) or not all(isinstance(b, str) for b in builds):
         raise SignatureDataError(f"{where}.builds: expected a list of build names, got {builds!r}")
@@ -146,9 +151,7 @@ def parse_signature(code: str, i: int, raw: object) -> Signature:
     require = raw.get("require") or {}
     if not isinstance(require, dict) or not all(isinstance(k, str) for k in require):
         raise SignatureDataError(f"{where}.require: expected {{field: value}}, got {require!r}")
-    library = raw.get("library")
-    if not isinstance(library, str) or not library:
-        raise SignatureDataError(f"{where}.library: expected the library that prints the error "
-                                 f"(flashmla, flashinfer, deepgemm, fa3, sglang, ...), got {library!r}")
+    library = _name(raw, where, "library", "the library that prints the error (flashmla, flashinfer, deepgemm, "
+                                           "fa3, sglang, ...)")
     return Signature(code, i, library, file, function, ranges, pattern, failure, tuple(builds),
                      tuple(sorted(require.items())), str(raw.get("source", "")), form)
