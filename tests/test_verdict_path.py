@@ -5,8 +5,10 @@ pure-Python schedule walk reads lists and memoryviews alike and equals the refer
 command line's direct path reads only options its commands declare."""
 from __future__ import annotations
 
+import enum
 import inspect
 import random
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -221,7 +223,7 @@ def test_a_one_request_step_reads_and_decides_as_the_general_reading(engine):
     assert plain.verdict("decode", seq_lens=[100], req_pool_indices=[1]) is LEGAL
 
 
-class _SGLangMode(__import__("enum").IntEnum):
+class _SGLangMode(enum.IntEnum):
     """Stands in for SGLang's ``ForwardMode`` (its member names; the values are not read)."""
 
     EXTEND = 1
@@ -242,8 +244,6 @@ class _Spec:
 def _schedule_batch(mode, slot, *, spec=False, kv=False, **extra):
     """Stands in for SGLang's ``ScheduleBatch`` of one request (the attribute names the adapters read;
     ``kv``: the request holds its slot as 0.5.23's ``Req.kv.req_pool_idx``, else as ``req_pool_idx``)."""
-    from types import SimpleNamespace
-
     r = SimpleNamespace(rid="r0", kv=SimpleNamespace(req_pool_idx=slot)) if kv else SimpleNamespace(rid="r0",
                                                                                                   req_pool_idx=slot)
     b = SimpleNamespace(forward_mode=mode, reqs=[r], spec_algorithm=_Spec(spec), decoding_reqs=None,

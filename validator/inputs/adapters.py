@@ -373,7 +373,7 @@ def sglang_decision(batch: Any, checker) -> bool | None | object:
             and getattr(batch, "global_num_tokens", None) is None):
         # one request of a decode or verify step (the commonest small step): its rows from the checker's
         # table, its slot read here when the request holds a plain int in range (anything else: below)
-        rows = checker._one_request_rows_of.get(mode)
+        rows = checker._one_request_rows.get(mode)      # (a member hashes and compares as its name)
         if rows is not None:
             if not checker.has_slots:
                 return checker._decide(mode, rows, None)
@@ -549,17 +549,17 @@ def step_lists(obj: Any, checker) -> dict | None:
 
 
 def fast_decision(obj: Any, checker) -> bool | None:
-    """The verdict's decision (:func:`sglang_decision`'s) for an engine object, read as cheaply as
-    possible: True when nothing runs."""
-    d = sglang_decision(obj, checker)     # a ScheduleBatch (a plan has no reqs)
-    if d is not NOT_SGLANG:
-        return d
-    obj = _planned_batch(obj)
-    if obj is None:
+    """The verdict's decision (:func:`sglang_decision`'s) for an engine object that is not itself a
+    ``ScheduleBatch`` (the verdict asks :func:`sglang_decision` first), read as cheaply as possible:
+    True when nothing runs."""
+    planned = _planned_batch(obj)
+    if planned is None:
         return True
-    d = sglang_decision(obj, checker)
-    if d is not NOT_SGLANG:
-        return d
+    if planned is not obj:      # a NextBatchPlan: the batch it runs
+        d = sglang_decision(planned, checker)
+        if d is not NOT_SGLANG:
+            return d
+        obj = planned
     if is_vllm_output(obj):
         fs = _vllm_fast(obj, checker)
         return True if fs is None else checker._decide(*fs)
