@@ -373,7 +373,7 @@ def sglang_decision(batch: Any, checker) -> bool | None | object:
             and getattr(batch, "global_num_tokens", None) is None):
         # one request of a decode or verify step (the commonest small step): its rows from the checker's
         # table, its slot read here when the request holds a plain int in range (anything else: below)
-        rows = checker._one_request_rows.get(mode)      # (a member hashes and compares as its name)
+        rows = checker._one_request_rows_of.get(mode)
         if rows is not None:
             if not checker.has_slots:
                 return checker._decide(mode, rows, None)
