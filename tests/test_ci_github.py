@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from validate_batch.cli import config
 from validate_batch.cli.main import app
+from validate_batch.errors import InputError
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = ROOT / "fixtures" / "batches"
@@ -200,3 +202,29 @@ def test_config_errors_are_bad_input(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "gpu" in r.output
     r = invoke(["check", "--extend", "4096"])
     assert r.exit_code == 2
+
+
+# the table is found wherever TOML can spell its key; a file that cannot spell it is not parsed
+@pytest.mark.parametrize("text", [
+    "[tool.validate-batch]\ngpu = 'H20'\n",
+    '[ tool . "validate-batch" ]\ngpu = "H20"\n',
+    "[tool]\nvalidate-batch = { gpu = 'H20' }\n",
+    'tool.validate-batch.gpu = "H20"\n',
+    '[tool."validate\\u002dbatch"]\ngpu = "H20"\n',          # the hyphen as a \u escape
+    '[tool."validate\\U0000002Dbatch"]\ngpu = "H20"\n',
+])
+def test_config_table_in_every_spelling(tmp_path, text):
+    # (first in the file: a dotted key after another table's header would be that table's)
+    (tmp_path / "pyproject.toml").write_text(text + "\n[project]\nname = 'x'\n")
+    assert config.resolve({"gpu": None}, str(tmp_path)) == {"gpu": "H20"}
+
+
+def test_config_file_that_cannot_hold_the_table_is_not_parsed(tmp_path):
+    # not TOML at all (an unclosed table header), but no spelling of the key: no table, no error
+    (tmp_path / "pyproject.toml").write_text("[project\nname = 'x'\n[tool.ruff]\nline-length = 100\n")
+    assert config.resolve({"gpu": None, "build": None}, str(tmp_path)) == {"gpu": None, "build": None}
+    # the same file naming the table is read, and its syntax error is bad input naming the file
+    (tmp_path / "pyproject.toml").write_text("[project\nname = 'x'\n[tool.validate-batch]\ngpu = 'H20'\n")
+    with pytest.raises(InputError) as e:
+        config.resolve({"gpu": None}, str(tmp_path))
+    assert "pyproject.toml" in e.value.field and "cannot read [tool.validate-batch]" in str(e.value)

@@ -105,3 +105,16 @@ def test_the_data_files_are_read_without_importlib_resources():
                        capture_output=True, text=True, cwd=ROOT, timeout=120)
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("LOADED "))
     assert p.returncode == 1 and json.loads(line[len("LOADED "):]) == []
+
+
+@pytest.mark.parametrize("table, parsed", [("", False), ("[tool.validate-batch]\nselect = ['SGL']\n", True)])
+def test_a_project_file_without_the_table_is_not_parsed(tmp_path, table, parsed):
+    # run from a project whose pyproject.toml names other tools only: no TOML parser is loaded
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n\n[tool.ruff]\nline-length = 100\n" + table)
+    probe = PROBE.replace(repr(HEAVY), repr(("tomllib", "tomli")))
+    p = subprocess.run([sys.executable, "-c", probe, "check", "--example", "dsv4-prefill-3x4096", "--json"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("LOADED "))
+    codes = {f["code"] for f in json.loads(p.stdout)["findings"]}
+    assert p.returncode == 1 and codes == ({"SGL001"} if parsed else {"FMLA001", "SGL001"})
+    assert bool(json.loads(line[len("LOADED "):])) is parsed

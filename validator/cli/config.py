@@ -31,7 +31,21 @@ def find_pyproject(start: Optional[str] = None) -> Optional[Path]:
     return None
 
 
+def names_table(text: str) -> bool:
+    """Whether ``text`` can hold a ``validate-batch`` key at all: TOML spells that key as written
+    (bare or quoted) or through a ``\\u``/``\\U`` escape in a quoted key, so a file with neither
+    cannot hold the table and is not parsed (a project's pyproject.toml without it costs no
+    TOML parser at start-up)."""
+    return "validate-batch" in text or "\\u" in text or "\\U" in text
+
+
 def _toml(path: Path) -> dict:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(str(path), f"cannot read [{TABLE}]: {' '.join(str(e).split())}") from None
+    if not names_table(text):
+        return {}
     try:
         import tomllib  # noqa: PLC0415 (Python >= 3.11)
     except ImportError:  # pragma: no cover - Python 3.10
@@ -40,8 +54,8 @@ def _toml(path: Path) -> dict:
         except ImportError:
             return {}
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
         raise InputError(str(path), f"cannot read [{TABLE}]: {' '.join(str(e).split())}") from None
 
 
