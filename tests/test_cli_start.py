@@ -118,3 +118,27 @@ def test_a_project_file_without_the_table_is_not_parsed(tmp_path, table, parsed)
     codes = {f["code"] for f in json.loads(p.stdout)["findings"]}
     assert p.returncode == 1 and codes == ({"SGL001"} if parsed else {"FMLA001", "SGL001"})
     assert bool(json.loads(line[len("LOADED "):])) is parsed
+
+
+#: the modules of the kernel families and tensor checks a DeepSeek-V4 batch on FlashMLA derives no call of
+OTHER_FAMILIES = ("validate_batch.deepgemm.calls", "validate_batch.flashinfer.calls",
+                  "validate_batch.flashinfer.mla_schedule", "validate_batch.flashmla.tensors")
+
+
+def test_a_check_loads_only_the_kernel_families_it_judges():
+    probe = PROBE.replace(repr(HEAVY), repr(OTHER_FAMILIES))
+    p = subprocess.run([sys.executable, "-c", probe, "check", "--example", "dsv4-prefill-3x4096", "--json"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=120)
+    line = next(ln for ln in p.stderr.splitlines() if ln.startswith("LOADED "))
+    assert p.returncode == 1 and json.loads(p.stdout)["legal"] is False
+    assert json.loads(line[len("LOADED "):]) == []
+    # a record of each of those families loads its module (so the probe can see them loaded)
+    records = [{"kind": "paged_mqa_logits_metadata", "batch": 4}, {"kind": "mla_plan", "qo_indptr": [0, 1],
+               "kv_indptr": [0, 1], "kv_len": [1]},
+               {"kind": "decode_indices", "indices": [[0, 1]], "num_kv_tokens": 8}]
+    for rec, module in zip(records, OTHER_FAMILIES[:2] + OTHER_FAMILIES[3:]):
+        p = subprocess.run([sys.executable, "-c", probe, "check", "-", "--json"], input=json.dumps(rec),
+                           capture_output=True, text=True, cwd=ROOT, timeout=120)
+        line = next(ln for ln in p.stderr.splitlines() if ln.startswith("LOADED "))
+        assert p.returncode in (0, 1), (rec, p.stdout, p.stderr[-400:])
+        assert module in json.loads(line[len("LOADED "):]), rec

@@ -29,6 +29,13 @@ CLI_PACKAGE = "validate_batch.cli."
 # the output writer loads kernel mode only for `--build auto`
 CLI_MODULES = ("validate_batch.output.writer",)
 CLI_LAZY = ("validate_batch.bisect", "validate_batch.ingest", "validate_batch.kernel_mode")
+# a kernel family's calls (and the FlashMLA tensor checks) load with the first call of theirs: the
+# record dispatch, the rules' pages and the setup's build name import them there, so a check of
+# another family's batch loads none of them (tests/test_cli_start.py holds a DeepSeek-V4 check to it)
+FAMILY_LAZY = ("validate_batch.deepgemm.calls", "validate_batch.flashinfer.calls",
+               "validate_batch.flashinfer.mla_schedule", "validate_batch.flashmla.tensors")
+FAMILY_IMPORTERS = ("validate_batch.api", "validate_batch.deepgemm.rules", "validate_batch.flashinfer.rules",
+                    "validate_batch.legality.evaluate")
 
 
 def _modules() -> dict[str, Path]:
@@ -112,7 +119,8 @@ def test_function_level_imports_are_only_the_optional_ones():
     _, edges = _graph()
     bad = [f"{m}:{line} imports {t} inside a function" for m, es in edges.items() for t, _, nested, line in es
            if nested and (m, t) not in OPTIONAL and m not in LAZY_MODULES and not m.startswith(CLI_PACKAGE)
-           and not (m in CLI_MODULES and t.startswith(CLI_LAZY))]
+           and not (m in CLI_MODULES and t.startswith(CLI_LAZY))
+           and not (m in FAMILY_IMPORTERS and t in FAMILY_LAZY)]
     assert not bad, "\n".join(bad)
 
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from .inputs.batch import is_batch_like
-from .deepgemm import calls as deepgemm_calls
+from .deepgemm import KINDS as DEEPGEMM_KINDS
 from .errors import BatchIllegalError, InputError
-from .flashinfer import calls as flashinfer_calls
-from .flashmla import tensors
+from .flashinfer import KINDS as FLASHINFER_KINDS
+from .flashmla import SUBJECT_KINDS as TENSOR_KINDS
 from .flashmla.calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
 from .flashmla.plan import Plan, plan
 from .facts.knowledge import GPU, resolve_gpu
@@ -42,11 +42,18 @@ def plan_any(c: Any, gpu: GPU, build: str | None = None, where: str = "call"):
     ``decode_indices``). ``build`` names the FlashMLA build (the other families take ``version``)."""
     if isinstance(c, Mapping):
         kind = c.get("kind")
-        if kind in flashinfer_calls.KINDS:
+        # (each family's calls module loads with its first record)
+        if kind in FLASHINFER_KINDS:
+            from .flashinfer import calls as flashinfer_calls
+
             return flashinfer_calls.plan(c, gpu, prefix=where)
-        if kind in deepgemm_calls.KINDS:
+        if kind in DEEPGEMM_KINDS:
+            from .deepgemm import calls as deepgemm_calls
+
             return deepgemm_calls.plan(c, gpu, prefix=where)
-        if kind in tensors.SUBJECT_KINDS:
+        if kind in TENSOR_KINDS:
+            from .flashmla import tensors
+
             return tensors.subject_from_record(c, where, gpu, build)
     return plan(_as_call(c, where), gpu, build)
 
@@ -68,6 +75,8 @@ def check_calls(calls: Iterable[Any], gpu: Any = "H200", build: str | None = Non
 def check_sched_meta_reuse(planned: Any, reused: Any, gpu: Any = "H200", build: str | None = None) -> Report:
     """FMLA018: may a schedule planned for ``planned`` be reused for ``reused`` (call records or
     :class:`DecodeCall`)? A Report naming what changed."""
+    from .flashmla import tensors
+
     s = tensors.reuse_check(planned, reused, gpu, build)
     return Report(run_rules("call", s), [s])
 
@@ -75,6 +84,8 @@ def check_sched_meta_reuse(planned: Any, reused: Any, gpu: Any = "H200", build: 
 def check_decode_indices(indices: Any, num_kv_tokens: int, topk_length: Any = None, gpu: Any = "H200") -> Report:
     """FMLA019: sparse decode ``indices`` (numpy, lists or tensors, ``[rows, topk]``) against a KV cache
     of ``num_kv_tokens`` slots (``num_blocks * page_size``); ``topk_length``: valid entries per row."""
+    from .flashmla import tensors
+
     s = tensors.indices_check(indices, num_kv_tokens, topk_length, gpu)
     return Report(run_rules("call", s), [s])
 

@@ -16,8 +16,7 @@ from ..facts.formula import Formula, formula_field, parse
 from ..facts.knowledge import GPU, load, resolve_gpu
 from ..facts.limits import echo
 
-RULE_KIND = "deepgemm"
-KINDS = ("paged_mqa_logits_metadata",)
+from . import KINDS, RULE_KIND  # noqa: F401  (the package names them; read here too)
 KEYS = frozenset({"kind", "batch", "next_n", "varlen", "caller", "jit_indexer_metadata", "version", "label",
                   "context_len", "context_lens", "block_kv"})
 MAX_CONTEXT_LEN = 1 << 24

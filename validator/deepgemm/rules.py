@@ -1,15 +1,22 @@
 """DG0xx: limits of DeepGEMM's paged MQA-logits metadata (the DSA indexer's scheduler)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..legality.failure import Failure
 from ..facts.knowledge import load, sm_name
 from ..legality.registry import rule
-from .calls import RULE_KIND, DeepGemmPlan, plan, version
+from . import RULE_KIND
+
+if TYPE_CHECKING:
+    from .calls import DeepGemmPlan
 
 
 def mqa_metadata_page() -> dict:
     """The numbers DG001's page quotes: each version's batch limit (``rules/deepgemm.json``) on an H200
     (SM90) and a B200 (SM100), the static-array limit, and SGLang 0.5.23's replacement threshold."""
+    from .calls import plan, version     # (the calls module loads with the first DeepGEMM call)
+
     rec = {"kind": "paged_mqa_logits_metadata", "batch": 1}
     sm100 = plan(rec, "B200", "deepgemm-54e2261").max_batch
     data = load("deepgemm")
@@ -132,6 +139,8 @@ def _empty_batch_facts(p: DeepGemmPlan) -> tuple:
 
 def empty_batch_page() -> dict:
     """The numbers DG002's page quotes, from 54e2261's SM90 layout."""
+    from .calls import version
+
     fact = version("deepgemm-54e2261")["metadata"]["9"]["empty_batch"]
     m = fact["batch_multiple_of"]
     return {"multiple": m, "example": 2 * m, "next": 2 * m + 1}

@@ -22,11 +22,7 @@ from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
 
-#: the rule kinds of the two call families: rules over trtllm-gen decode calls and over MLA ``plan()``
-#: calls (an engine profile that derives only decode calls is judged by the first kind's rules)
-TRTLLM_RULE_KIND = "flashinfer_trtllm"
-PLAN_RULE_KIND = "flashinfer_mla_plan"
-KINDS = ("trtllm_gen_mla", "trtllm_gen_fmha", "mla_plan")
+from . import KINDS, PLAN_RULE_KIND, TRTLLM_RULE_KIND  # noqa: F401  (the package names them; read here too)
 INT32_MAX = 2**31 - 1
 MAX_BATCH = 1 << 24
 MAX_INDPTR = 1 << 22          # entries of an indptr (requests + 1)

@@ -1,15 +1,27 @@
 """FI0xx: limits of FlashInfer's trtllm-gen decode kernels and of its MLA ``plan()``."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits
 from ..legality.registry import rule
 from ..facts.knowledge import resolve_gpu
-from .calls import PLAN_RULE_KIND, TRTLLM_RULE_KIND, FlashInferPlan, MlaPlanCall, version
-from .mla_schedule import mla_schedule
+from . import PLAN_RULE_KIND, TRTLLM_RULE_KIND
 from .._numpy import numpy_on_first_use
 
+if TYPE_CHECKING:
+    from .calls import FlashInferPlan
+
 np = numpy_on_first_use(globals())
+
+
+def _mla_plan_call(c) -> bool:
+    """Whether ``c`` is an MLA ``plan()`` call (the calls module is loaded by then: a FlashInfer
+    plan was made)."""
+    from .calls import MlaPlanCall
+
+    return isinstance(c, MlaPlanCall)
 
 
 def _subject(p: FlashInferPlan) -> str:
@@ -127,7 +139,7 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
     0.7.2 ``flashinfer/mla/_batch_mla/_planning.py:66-73``, ``scheduler.cuh:1629-1635``.
     """
     c = p.call
-    if not isinstance(c, MlaPlanCall):
+    if not _mla_plan_call(c):
         return None
     i = _first_drop(c.qo_indptr)
     if i is None:
@@ -185,7 +197,7 @@ def mla_plan_kv_lengths(p: FlashInferPlan):
     ``scheduler.cuh:1641``, ``:1745-1746``.
     """
     c = p.call
-    if not isinstance(c, MlaPlanCall):
+    if not _mla_plan_call(c):
         return None
     out = []
     i = _first_drop(c.kv_indptr)
@@ -212,13 +224,15 @@ def _work_capacity(p: FlashInferPlan) -> dict:
 
 def _work_facts(p: FlashInferPlan) -> tuple:
     """The records FI004 rests on for this call: its entry's work-list facts."""
-    if isinstance(p.call, MlaPlanCall) and p.call.entry == "module" and "work_capacity" in p.plan_facts:
+    if _mla_plan_call(p.call) and p.call.entry == "module" and "work_capacity" in p.plan_facts:
         return ("mla_plan.module_plan.work_capacity",)
     return ("mla_plan.work_capacity",)
 
 
 def mla_works_page() -> dict:
     """The numbers FI004's page quotes: the work list's capacity (``rules/flashinfer.json``) and an H200 example."""
+    from .calls import version
+
     cap = version(None)["mla_plan"]["work_capacity"]["max_works"]
     return {"max_works": cap, "example_batch": cap + 1, "sms": resolve_gpu("H200").num_sms}
 
@@ -275,7 +289,7 @@ def mla_plan_work_items(p: FlashInferPlan):
     module's plan takes it and leaves one request's output rows unwritten.
     """
     c = p.call
-    if not isinstance(c, MlaPlanCall) or c.kv_len is None or c.batch == 0:
+    if not _mla_plan_call(c) or c.kv_len is None or c.batch == 0:
         return None
     if _first_drop(c.qo_indptr) is not None or int(c.kv_len.min()) < 0:
         return None           # FI002 / FI003 say it; MLAPlan stops (or drops the request) before counting
@@ -286,6 +300,8 @@ def mla_plan_work_items(p: FlashInferPlan):
     tiles = int(((np.diff(c.qo_indptr) * c.h_q + 63) // 64).sum())
     if tiles + p.gpu.num_sms <= cap:
         return None
+    from .mla_schedule import mla_schedule
+
     works = mla_schedule(c.qo_indptr.tolist(), c.kv_indptr.tolist(), c.kv_len.tolist(), num_heads=c.h_q,
                          num_sm=p.gpu.num_sms)["total_works"]
     if works <= cap:

@@ -2,14 +2,19 @@
 (FMLA018 / FMLA019: the tensors an engine passes, see :mod:`.tensors`)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..legality.failure import Failure
 from ..facts.knowledge import grid_limits, path_archs, sm_list, sm_name
 from ..legality.registry import rule
 from .calls import DecodeCall, SparsePrefillCall
 from .plan import COMBINE_GRIDS, Plan
 from .plan import plan as make_plan
-from .tensors import INDICES_KIND, REUSE_KIND, IndicesCheck, ReuseCheck
+from . import INDICES_KIND, REUSE_KIND
 from .._numpy import numpy_on_first_use
+
+if TYPE_CHECKING:
+    from .tensors import IndicesCheck, ReuseCheck
 
 np = numpy_on_first_use(globals())
 

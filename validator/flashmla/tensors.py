@@ -26,8 +26,7 @@ from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
 
-REUSE_KIND = "flashmla-reuse"
-INDICES_KIND = "flashmla-indices"
+from . import INDICES_KIND, REUSE_KIND, SUBJECT_KINDS  # noqa: F401  (the package names them; read here too)
 REUSE_KEYS = frozenset({"kind", "planned", "reused", "label"})
 INDICES_KEYS = frozenset({"kind", "indices", "num_kv_tokens", "topk_length", "label"})
 #: the most index values one record may hold (a forward's indices: rows x topk)
@@ -194,5 +193,3 @@ def subject_from_record(rec: Mapping, prefix: str, gpu: GPU, build: str | None):
     except InputError as e:
         raise InputError(field_name(prefix, e.field), e.message) from None
 
-
-SUBJECT_KINDS = ("sched_meta_reuse", "decode_indices")

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from ..inputs.batch import Batch
-from ..flashinfer.calls import version as flashinfer_version
 from ..facts.knowledge import build_record
 from ..engines import BatchPlan, get_profile, release_key, resolve_version
 from .report import BatchContext, Finding, Report
@@ -51,6 +50,8 @@ class EngineSetup:
         if self.parts and "flashmla" not in self.call_kinds:
             fi = next((getattr(part, "flashinfer", None) for _, _, part in self.parts
                        if getattr(part, "flashinfer", None) is not None), None)
+            from ..flashinfer.calls import version as flashinfer_version   # (loaded with such a profile)
+
             return flashinfer_version(fi)["name"]
         return build_record(None)["name"]
 
