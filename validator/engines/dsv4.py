@@ -17,7 +17,8 @@ from ..flashmla.plan import Plan, plan
 from .forward import draft_tokens, forward_rows
 from ..facts.knowledge import load
 from ..facts.modes import Mode
-from ..legality.ruleset import shape_rules
+from ..legality.ruleset import STATE as RULES
+from ..legality.ruleset import rows_rules, shape_rules, silent_rows
 from .base import BatchPlan, DerivedCall, Profile
 from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 from .versions import resolve_version
@@ -99,13 +100,66 @@ def _shape_plan(gpu, build: str | None, h_q: int, d_qk: int, topk: int, extra_to
 
 
 @lru_cache(maxsize=1024)
-def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool) -> frozenset:
+def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool, revision: int) -> frozenset:
     """Codes of the shape-only rules that find nothing for calls of ``shape`` with these length
     arrays present: they find nothing for any ``b`` and any length values (see the registry), so
-    the calls derived every step skip them."""
+    the calls derived every step skip them (``revision``: the rule registry's, which they were
+    asked at)."""
     one = np.zeros(1, dtype=np.int64)
     p = step_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, quiet=frozenset())
     return frozenset(r.code for r in shape_rules() if not r.func(p))
+
+
+@lru_cache(maxsize=1024)
+def _rows_edges(shape: Plan, revision: int) -> dict:
+    """Per rows rule (:func:`~validate_batch.legality.registry.rows_rules`), the most rows for which
+    it finds nothing on calls of ``shape`` (0: it finds something at one row), asked of the rule
+    itself (``revision``: the rule registry's). A rows rule reads no per-row length, so the calls
+    asked carry none, and the edges hold whichever length arrays a step's call carries."""
+    plans: dict = {}
+
+    def plan_at(b: int) -> Plan:        # (one plan per row count, shared by the rules asked of it)
+        p = plans.get(b)
+        if p is None:
+            p = plans[b] = step_plan(shape, b, None, None, quiet=frozenset())
+        return p
+
+    hint = shape.fast_sched_rows if shape.is_decode else None
+    return {r.code: silent_rows(r.func, plan_at, hint, MAX_ROWS) for r in rows_rules()}
+
+
+class QuietRules:
+    """The rules a call of one shape (and the length arrays it carries) skips at ``b`` rows
+    (:meth:`at`): the shape-only rules silent for the shape, and the rows rules silent up to ``b``
+    rows (each up to its edge, :func:`_rows_edges`). Both are asked of the rules when first needed
+    and again whenever the rule registry changes."""
+
+    __slots__ = ("shape", "topk_length", "extra_length", "revision", "table", "base")
+
+    def __init__(self, shape: Plan, has_topk_length: bool, has_extra_length: bool):
+        self.shape, self.topk_length, self.extra_length = shape, has_topk_length, has_extra_length
+        self.revision = None
+        self.table: tuple = ()
+        self.base = frozenset()
+
+    def _refresh(self) -> None:
+        rev = RULES.revision
+        base = _shape_quiet(self.shape, self.topk_length, self.extra_length, rev)
+        edges = _rows_edges(self.shape, rev)
+        tops = sorted({e for e in edges.values() if e > 0})
+        # at b rows (1 <= b <= top), the rules whose edge is at least top: one set per distinct edge
+        self.table = tuple((top, base | frozenset(c for c, e in edges.items() if e >= top)) for top in tops)
+        self.base, self.revision = base, rev
+
+    def at(self, b: int) -> frozenset:
+        """Codes of the rules that find nothing on this shape's call of ``b`` rows."""
+        if self.revision != RULES.revision:
+            self._refresh()
+        if b >= 1:
+            for top, quiet in self.table:
+                if b <= top:
+                    return quiet
+        return self.base
 
 
 def step_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
@@ -115,7 +169,7 @@ def step_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ra
     ``quiet``: the shape-only rules that are silent for this shape (None: look them up)."""
     call = shape.call.with_rows(b, topk_length, extra_topk_length, ranges)
     if quiet is None:
-        quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None)
+        quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None, RULES.revision)
     return shape.for_call(call, memo, quiet)
 
 
@@ -172,8 +226,8 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
         elif r == 128:
             extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
         shape = _shape_plan(gpu, build, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"], use_legacy)
-        calls.append((spec["name"], r, extra_topk, shape, _shape_quiet(shape, True, extra_topk is not None),
-                      _shape_quiet(shape, False, False)))
+        calls.append((spec["name"], r, extra_topk, shape, QuietRules(shape, True, extra_topk is not None),
+                      QuietRules(shape, False, False)))
         prefill.append((spec["name"], topk + (extra_topk or 0)))
     pre = None
     if precompute is not None:
@@ -505,7 +559,7 @@ class Dsv4Profile(Profile):
         b = max(rows, 1)
         if bp.rows_only or not 0 < rows <= setup.max_rows:  # per-row lengths only matter when the scheduler runs
             for name, r, extra_topk, shape, _, quiet in setup.calls:
-                p = step_plan(shape, b, None, None, memo, None, quiet)
+                p = step_plan(shape, b, None, None, memo, None, quiet.at(b))
                 bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
             if tail:
                 self._tail_call(batch, setup, bp, memo)
@@ -525,7 +579,7 @@ class Dsv4Profile(Profile):
                 if hi // r > extra_topk:       # (else no row reaches the width: nothing to clamp)
                     np.minimum(extra_len, extra_topk, out=extra_len)
                 ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
-            p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet)
+            p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet.at(b))
             bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
         if tail:
             self._tail_call(batch, setup, bp, memo)
@@ -541,11 +595,11 @@ class Dsv4Profile(Profile):
         lengths = tail_rows(batch, setup.tail_tokens)
         b = int(lengths.shape[0])
         if bp.rows_only or not 0 < b <= setup.max_rows:
-            p = step_plan(shape, max(b, 1), None, None, memo, None, quiet_plain)
+            p = step_plan(shape, max(b, 1), None, None, memo, None, quiet_plain.at(max(b, 1)))
         else:
             lo, hi = min_max(lengths)
             p = step_plan(shape, b, np.minimum(lengths, topk), None, memo,
-                          {"topk_length": (min(lo, topk), min(hi, topk))}, quiet)
+                          {"topk_length": (min(lo, topk), min(hi, topk))}, quiet.at(b))
         label = f"late-layer tail ({name})"
         bp.calls.append(DerivedCall(label, p.call, p, "decode_kernel"))
         bp.routing["late_layer_tail_rows"] = b

@@ -30,6 +30,14 @@ cache widths and layout, which length arrays are present, the GPU, the implement
 partitions), never ``b``, the per-request length values or the schedule. A plan may then carry
 ``quiet_rules``: codes of shape-only rules already found silent on a plan of the same shape, which
 :func:`run_rules` skips (the engine profiles do this for the calls they derive every step).
+
+A FlashMLA call rule that reads only ``rows`` (and the configuration) is a *rows rule*
+(:func:`rows_rules`), and it keeps one promise about them: for calls of one shape it is silent from
+one row up to some number of rows and finds something at every number above it (a limit on rows,
+never a window). So the rows a rule is silent for, on a shape, are ``1..edge``, found once per shape
+by asking the rule itself (:func:`silent_rows`), and a plan of that shape with at most ``edge`` rows
+may carry the rule in its ``quiet_rules`` too. ``tests/test_rows_quiet.py`` holds every rows rule
+to the promise on every build, GPU and call kind.
 """
 from __future__ import annotations
 
@@ -39,6 +47,7 @@ from functools import cached_property, lru_cache
 from typing import Callable, Iterable
 
 from .failure import KINDS, Failure, failure_of
+from .search import largest_legal
 from ..facts.provenance import FactStatus, gpu_fact, rule_facts
 from .finding import SEVERITIES, Finding
 from .signature import Signature, parse_signature
@@ -224,6 +233,31 @@ def rules_for(scope: str, kind: str = "flashmla") -> tuple[Rule, ...]:
 def shape_rules() -> tuple[Rule, ...]:
     """The FlashMLA call rules declared ``shape_only``."""
     return tuple(r for r in rules_for("call") if r.shape_only)
+
+
+#: what a rows rule may read
+ROWS_READS = frozenset({"rows", "config"})
+
+
+def rows_rules() -> tuple[Rule, ...]:
+    """The FlashMLA call rules that read the call's rows and nothing else about the step (see the
+    module's notes: each is silent up to an edge of rows on a shape, and finds something above it)."""
+    return tuple(r for r in rules_for("call") if not r.shape_only and "rows" in r.reads and r.reads <= ROWS_READS)
+
+
+def silent_rows(rule_func: Callable, plan_at: Callable[[int], object], hint: int | None, top: int) -> int:
+    """The largest ``b`` in ``0..top`` such that the rows rule ``rule_func`` finds nothing on
+    ``plan_at(b')`` for every ``b'`` in ``1..b`` (0: it finds something at one row). ``hint``: where
+    the edge is believed to be (asked first). Relies on the rows rules' promise (the module's notes):
+    ``top`` is asked first, then the hint and the row past it, then a bisection."""
+    def silent(b: int) -> bool:
+        return not rule_func(plan_at(b))
+
+    if silent(top):
+        return top if silent(1) else 0
+    good, _ = largest_legal(silent, 1, hint if hint is not None and 1 <= hint < top else None, top,
+                            exact_hint=hint is not None)
+    return 0 if good is None else good
 
 
 @lru_cache(maxsize=256)

@@ -23,9 +23,11 @@ from .registry import (
                        rule,
                        rules_for,
                        run_rules,
+                       rows_rules,
                        shape_rules,
+                       silent_rows,
                        unregister,
 )
 
 __all__ = ["QUANTITIES", "REGISTRY", "STATE", "Rule", "all_rules", "all_signatures", "forward_rules", "revision", "get_rule", "rule", "rules_for", "run_rules",
-           "shape_rules", "unregister"]
+           "rows_rules", "shape_rules", "silent_rows", "unregister"]
