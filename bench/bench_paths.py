@@ -275,6 +275,15 @@ def console_script() -> list[str]:
     return [found] if found else [sys.executable, "-m", "validate_batch.cli.main"]
 
 
+def install_kind() -> str:
+    """``"wheel"`` when the package runs from site-packages as an installed wheel, else ``"checkout"``
+    (an editable install, or the checkout on the path): then every Python start in the environment,
+    ``python -c pass`` too, runs the install's import hook first (it loads pathlib and re), so the
+    start-up ratios come out below those of an installed wheel."""
+    here = Path(validate_batch.__file__).resolve()
+    return "checkout" if ROOT in here.parents else "wheel"
+
+
 def oracle_file() -> Path:
     for p in ORACLE:
         if p.is_file():
@@ -410,6 +419,11 @@ def import_groups(cmd: list[str], env: dict | None = None, cwd: Path = ROOT) -> 
 def print_cli(rows: list[dict], runs: int) -> bool:
     print(f"cli: elapsed time, median (and best) of {runs} runs, interleaved; x bare: median / python -c pass's; "
           f"targets: start-up <= 6 x bare ({', '.join(START_COMMANDS)}), check < 250 ms, metadata >= 5000 calls/s")
+    if install_kind() == "checkout":
+        print("NOTE: the package runs from this checkout (an editable install): every Python start here, python -c "
+              "pass's too, first runs the install's import hook, so the x bare ratios are below an installed "
+              "wheel's; `pip install .` into a fresh environment and run this bench with its Python for a user's "
+              "figures (--readme refuses this install)")
     hdr = f"{'command':<42} {'median ms':>10} {'best ms':>8} {'x bare':>7} {'calls/s':>9}  targets"
     print(hdr)
     print("-" * len(hdr))
@@ -571,8 +585,10 @@ def summary_rows(out: dict, check_target: float) -> list[tuple[str, str, str]]:
 
 def summary_table(out: dict, check_target: float) -> str:
     """The run's targets as a Markdown table, with the machine and the implementation it ran on."""
+    where = {"wheel": "; the package installed as a wheel", "checkout": "; the package run from the checkout"}
     lines = [f"One run of `python bench/bench_paths.py` (Python {out['python']}, numpy {np.__version__}, "
-             f"{os.cpu_count()} CPUs, {out['clock']} clock; {out['implementation']}):", "",
+             f"{os.cpu_count()} CPUs, {out['clock']} clock; {out['implementation']}"
+             f"{where[out['install']] if 'install' in out else ''}):", "",
              "| target | measured | |", "|---|---|---|"]
     lines += [f"| {t} | {m} | {st} |" for t, m, st in summary_rows(out, check_target)]
     return "\n".join(lines)
@@ -621,7 +637,12 @@ def main(argv=None) -> int:
     warm = time.perf_counter() + (0.2 if args.quick else 1.0)
     while time.perf_counter() < warm:
         chk.check("decode", seq_lens=list(range(1000, 1256)))
-    out: dict = {"python": sys.version.split()[0], "implementation": _accel.status(), "clock": args.clock}
+    out: dict = {"python": sys.version.split()[0], "implementation": _accel.status(), "clock": args.clock,
+                 "install": install_kind()}
+    if args.readme and "cli" in only and out["install"] == "checkout":
+        ap.error("--readme with the cli section needs the package installed as a wheel (pip install . into a fresh "
+                 "environment, then this bench with its Python): from the checkout every start, the bare "
+                 "interpreter's too, pays the install's import hook")
     ok = True
     if "guard" in only:
         out["guard"] = rows = guard_rows(chk, kern, scale, rounds, check_target)

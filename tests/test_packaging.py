@@ -83,3 +83,14 @@ def test_the_old_build_spellings_still_work():
         validate_batch.check(rec, gpu="H200", build="flashmla-9241ae3", kernel="sgl-flash-mla-1.0.0")
     assert e.value.field == "kernel"
     assert validate_batch.Checker(engine="sglang-dsv4@pre-25418", kernel="flashmla-9241ae3").kernel_build == "flashmla-9241ae3"
+
+
+def test_the_package_says_the_distributions_version():
+    # --version prints the package's __version__ (reading the install's metadata costs more than the
+    # rest of the command): it is the version pyproject.toml gives the distribution
+    import validate_batch
+    from validate_batch.cli.version import version_line
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert validate_batch.__version__ == project["version"]
+    assert version_line().startswith(f"validate-batch {project['version']} (")

@@ -12,9 +12,12 @@ typer's app in :mod:`validate_batch.cli.app`. The names of both are also reachab
 """
 from __future__ import annotations
 
-import signal
 import sys
-from typing import Optional
+
+try:                    # the signal module's own import loads enum for its constants: not needed here
+    import _signal as _sig
+except ImportError:     # (an interpreter without the C module)
+    import signal as _sig
 
 
 #: the commands :func:`validate_batch.cli.commands.direct_call` may run without typer (its
@@ -22,12 +25,12 @@ from typing import Optional
 DIRECT = frozenset({"check", "metadata", "rules"})
 
 
-def main(args: Optional[list[str]] = None) -> None:
+def main(args: list[str] | None = None) -> None:
     """The ``validate-batch`` console script: exit codes 0-3 as above; an unexpected exception exits
     4 with one line on stderr (``VALIDATE_BATCH_DEBUG=1`` adds the traceback). A reader that closes
     the output pipe early (``| head``) ends the process as it ends ``cat``: quietly, by SIGPIPE."""
-    if hasattr(signal, "SIGPIPE"):
-        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if hasattr(_sig, "SIGPIPE"):
+        _sig.signal(_sig.SIGPIPE, _sig.SIG_DFL)
     argv = sys.argv[1:] if args is None else list(args)
     if argv == ["--version"]:
         from .version import version_line
