@@ -36,8 +36,9 @@ A FlashMLA call rule that reads only ``rows`` (and the configuration) is a *rows
 one row up to some number of rows and finds something at every number above it (a limit on rows,
 never a window). So the rows a rule is silent for, on a shape, are ``1..edge``, found once per shape
 by asking the rule itself (:func:`silent_rows`), and a plan of that shape with at most ``edge`` rows
-may carry the rule in its ``quiet_rules`` too. ``tests/test_rows_quiet.py`` holds every rows rule
-to the promise on every build, GPU and call kind.
+may carry the rule in its ``quiet_rules`` too (the DeepSeek-V4 profile's sparse decode calls do).
+``tests/test_rows_quiet.py`` holds every rows rule to the promise on sparse decode shapes of every
+build, GPU and kernel half.
 """
 from __future__ import annotations
 
@@ -255,8 +256,8 @@ def silent_rows(rule_func: Callable, plan_at: Callable[[int], object], hint: int
 
     if silent(top):
         return top if silent(1) else 0
-    good, _ = largest_legal(silent, 1, hint if hint is not None and 1 <= hint < top else None, top,
-                            exact_hint=hint is not None)
+    start = hint if hint is not None and 1 <= hint < top else None
+    good, _ = largest_legal(silent, 1, start, top, exact_hint=start is not None)
     return 0 if good is None else good
 
 
