@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from . import bisect_cmd as cli_bisect, commands, helptext, kernel_cmd as cli_kernel, map_cmd as cli_map
+from . import bisect_cmd as cli_bisect, commands, helptext, kernel_cmd as cli_kernel, map_cmd as cli_map, tophelp
 from ..output.safe import clean
 from .commands import EXIT_ILLEGAL, EXIT_LEGAL  # noqa: F401 (the exit codes, with the writer's below)
 from ..output.writer import (  # noqa: F401
@@ -32,22 +32,7 @@ app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     rich_markup_mode="markdown",
-    help=(
-        "Is this batch legal for the attention kernels? Which limit does it break, with the numbers and "
-        "the source, and how should it be split?\n\n"
-        "Examples:\n\n"
-        "* `validate-batch check --example dsv4-prefill-3x4096`\n\n"
-        "* `validate-batch metadata --json fixtures/oracle/flashmla_h200_cases.jsonl`\n\n"
-        "* `echo '{\"kind\": \"sparse\", \"b\": 12288, \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 512}' | validate-batch check -`\n\n"
-        "* `validate-batch check --engine sglang-dsv4@pre-25418 --extend 3x4096 --decode 1`\n\n"
-        "* `validate-batch bisect server.log` (which step crashed, which rule, the boundary)\n\n"
-        "* `validate-batch check batches/ --output-format github` (every batch of a directory, as GitHub annotations)\n\n"
-        "* `validate-batch probe -q b -t '{\"kind\": \"sparse\", \"s_q\": 1, \"h_q\": 64, \"d_qk\": 512, \"topk\": 128}'` (on a GPU)\n\n"
-        "* `validate-batch rules` / `validate-batch explain FMLA001` / `validate-batch gpus`\n\n"
-        "Exit codes: 0 legal, 1 illegal, 2 bad input, 3 kernel mode unavailable, 4 internal error.\n\n"
-        "Also runs as `python -m validate_batch` (not `python -m validator`: that name is an unrelated PyPI package). "
-        "Settings: flags, then VALIDATE_BATCH_* variables, then [tool.validate-batch] in pyproject.toml."
-    ),
+    help=tophelp.ABOUT,
 )
 
 
@@ -61,8 +46,8 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     show_version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                      help="Print the version and whether the compiled helpers are in use, then exit."),
-    debug: bool = typer.Option(False, "--debug", help="On an internal error (exit 4), print the traceback too."),
+                                      help=tophelp.VERSION_HELP),
+    debug: bool = typer.Option(False, "--debug", help=tophelp.DEBUG_HELP),
 ) -> None:
     """Is this batch legal for the attention kernels?"""
     if debug:

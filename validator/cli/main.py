@@ -5,7 +5,8 @@ naming the field), 4 internal error (one line; ``VALIDATE_BATCH_DEBUG=1`` adds t
 Kernel mode adds 3 (unavailable here); ``--strict-provenance`` adds 5 (the verdict rests on a fact
 that is not measured on its build).
 
-This module loads nothing heavy: ``--version`` is answered here, before any command is loaded; the
+This module loads nothing heavy: ``--version`` and the top-level help (:mod:`validate_batch.cli.tophelp`)
+are answered here, before any command is loaded; the
 common forms of ``check``, ``metadata`` and ``rules`` run from :mod:`validate_batch.cli.commands`
 without typer (:func:`~validate_batch.cli.commands.direct_call`); every other command line goes to
 typer's app in :mod:`validate_batch.cli.app`. The names of both are also reachable from here.
@@ -37,6 +38,11 @@ def main(args: list[str] | None = None) -> None:
 
         print(version_line())
         sys.exit(0)
+    if argv in ([], ["--help"], ["-h"]):       # the top-level help: as typer's app gives it, without typer
+        from .tophelp import text
+
+        sys.stdout.write(text())
+        sys.exit(2 if not argv else 0)         # (a bare command line is a usage error that shows the help)
     if argv and argv[0] in DIRECT:
         from . import commands
 
