@@ -139,7 +139,7 @@ def test_the_catalog_is_generated_from_the_definitions():
     assert {"file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument"}.items() <= \
         fmla001["signatures"][0].items()
     assert sum(len(e["signatures"]) for e in cat) == len(all_signatures())
-    assert not (ROOT / "rules" / "catalog.json").exists()
+    # (rules/catalog.json is this listing written out for a fast start: tests/test_rule_catalog.py)
 
 
 # ------------------------------------------------------------------ a rule added with its definition only

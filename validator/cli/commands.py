@@ -479,21 +479,36 @@ def render_across(matrix: list[dict], out) -> None:
     out.print("* the build this check judged by (named with --build, or the one the engine version ships); "
               "`validate-batch builds` says what is measured and what is read from source or binary")
 
+def crash_kinds(entry: dict) -> tuple:
+    """A catalog entry's failure kinds: its kind, then the others it takes, no repeats (as the rule's
+    ``failure.kinds``)."""
+    fc = entry["failure_class"]
+    return tuple(dict.fromkeys(k for k in (fc["kind"], *fc.get("also", ())) if k))
+
+
 def rules_cmd(as_json: bool = False) -> None:
-    """``validate-batch rules``: every rule code with its severity, title and how it crashes."""
-    from ..legality.ruleset import all_rules
+    """``validate-batch rules``: every rule code with its severity, title and how it crashes. A fresh
+    process lists the shipped catalog (:mod:`validate_batch.legality.catalog`) without loading the
+    rules; to a terminal it is a rich table, elsewhere one whole line per rule."""
+    from ..legality.catalog import current
 
     output = Output.for_flags(as_json)
-    rs = all_rules()
+    entries = current()
     if output.is_json:
-        output.json([r.to_dict() for r in rs])
+        output.json(entries)
         return
-    from rich.table import Table
+    if output.renders_plain:      # (the title last: the one cell that runs long)
+        from ..output.plain import columns
 
-    t = Table("code", "severity", "title", "crash class")
-    for r in rs:
-        t.add_row(r.code, r.severity, r.title, " or ".join(r.failure.kinds))
-    output.result(t)
+        output.write(columns(("code", "severity", "crash class", "title"),
+                             [(e["code"], e["severity"], " or ".join(crash_kinds(e)), e["title"]) for e in entries]))
+    else:
+        from rich.table import Table
+
+        t = Table("code", "severity", "title", "crash class")
+        for e in entries:
+            t.add_row(e["code"], e["severity"], e["title"], " or ".join(crash_kinds(e)))
+        output.result(t)
     output.result("`validate-batch explain CODE` prints a rule's page.")
 
 

@@ -103,3 +103,18 @@ class PlainConsole:
             text = text.expandtabs(self.tab_size)
         self._stream.write(text + end)
         self._stream.flush()
+
+
+def columns(headers: tuple[str, ...], rows: list[tuple[str, ...]], gap: int = 2) -> str:
+    """A table for a reader that is not a terminal: the header, then one line per row, each cell
+    whole (never wrapped or cut, so that ``grep`` finds a row on one line), each column as wide as its
+    widest cell and ``gap`` spaces apart; the last column is not padded. Lines end with ``\\n``."""
+    n = len(headers)
+    if any(len(r) != n for r in rows):
+        raise ValueError(f"every row needs {n} cells (the headers), got {sorted({len(r) for r in rows})}")
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+    lines = []
+    for r in (headers, *rows):
+        cells = [str(c).ljust(w) for c, w in zip(r[:-1], widths)] + [str(r[-1])]
+        lines.append((" " * gap).join(cells).rstrip())
+    return "\n".join(lines) + "\n"

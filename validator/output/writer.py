@@ -130,6 +130,11 @@ class Output:
         return self.mode == "quiet"
 
     @property
+    def renders_plain(self) -> bool:
+        """Whether results go where rich would write plain text (a file, a pipe: not a terminal)."""
+        return self._file is not None or renders_plain(sys.stdout)
+
+    @property
     def console(self):
         """stdout, for human-mode results (markup off unless a call asks for it): a rich Console."""
         if self._out is None:
