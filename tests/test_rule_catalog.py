@@ -48,11 +48,8 @@ def test_a_changed_input_makes_the_file_stale_and_the_listing_live(monkeypatch):
     assert not catalog.fresh({**doc, "read_from": {}}) and not catalog.fresh(None)
     # a fresh process (no rules loaded) with a stale file lists the live registry, not the file
     monkeypatch.setattr(catalog, "shipped", lambda: {**stale, "rules": [{"code": "XX999"}]})
-    monkeypatch.delitem(sys.modules, catalog.RULESET)
-    try:
-        assert [e["code"] for e in catalog.current()] == sorted(r.code for r in all_rules())
-    finally:
-        import validate_batch.legality.ruleset  # noqa: F401  (back in sys.modules)
+    monkeypatch.delitem(sys.modules, catalog.RULESET)       # (put back when the test ends)
+    assert [e["code"] for e in catalog.current()] == sorted(r.code for r in all_rules())
 
 
 def test_the_check_command_names_what_differs(tmp_path, monkeypatch):
@@ -60,7 +57,6 @@ def test_the_check_command_names_what_differs(tmp_path, monkeypatch):
     monkeypatch.setattr(catalog, "_path", lambda: str(tmp_path / "catalog.json"))
     assert catalog.main(["--check"]) == 1                  # (no file)
     (tmp_path / "catalog.json").write_text(Path(real).read_text())
-    monkeypatch.setattr(catalog, "_path", lambda: str(tmp_path / "catalog.json"))
     doc = json.loads((tmp_path / "catalog.json").read_text())
     doc["rules"][0]["title"] = "changed"
     (tmp_path / "catalog.json").write_text(json.dumps(doc))

@@ -480,10 +480,11 @@ def render_across(matrix: list[dict], out) -> None:
               "`validate-batch builds` says what is measured and what is read from source or binary")
 
 def crash_kinds(entry: dict) -> tuple:
-    """A catalog entry's failure kinds: its kind, then the others it takes, no repeats (as the rule's
-    ``failure.kinds``)."""
+    """A catalog entry's failure kinds, read back through the rule's own :class:`Failure`."""
+    from ..legality.failure import Failure
+
     fc = entry["failure_class"]
-    return tuple(dict.fromkeys(k for k in (fc["kind"], *fc.get("also", ())) if k))
+    return Failure(fc["kind"], also=tuple(fc.get("also", ()))).kinds
 
 
 def rules_cmd(as_json: bool = False) -> None:

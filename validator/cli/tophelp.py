@@ -75,7 +75,6 @@ MAX_WIDTH = 80
 def width(stream=None) -> int:
     """The columns to lay the help out in: ``COLUMNS`` if set, else the terminal's (80 when the output
     is not a terminal), at most :data:`MAX_WIDTH` and at least 50 (the usage line's width)."""
-    cols = 0
     try:
         cols = int(os.environ.get("COLUMNS", "") or 0)
     except ValueError:

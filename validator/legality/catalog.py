@@ -135,7 +135,10 @@ def main(argv: list[str] | None = None) -> int:
             f.write(want)
         print(f"wrote {path} ({len(json.loads(want)['rules'])} rules)")
         return 0
-    have = open(path, encoding="utf-8").read() if os.path.isfile(path) else ""
+    have = ""
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            have = f.read()
     if have == want:
         print(f"{path}: up to date")
         return 0
