@@ -58,9 +58,18 @@ def test_the_verdict_takes_the_full_checks_reading_row_counter_and_decision(monk
     read = _counting(monkeypatch, Checker, "_validate")
     decided.clear()
     counted.clear()
+    # one request: read in place by the verdict, its rows the counter's from the table above, and
+    # decided by the one decision
     assert chk.verdict("decode", seq_lens=[100], req_pool_indices=[1])
-    assert (read, counted, decided) == (["_validate"], [], ["decide"])
+    assert (read, counted, decided) == ([], [], ["decide"])
     read.clear()
+    decided.clear()
+    # one the first branch cannot take (an id to read) goes the general reading
+    assert chk.verdict("decode", seq_lens=[100], req_pool_indices=[1], rids=["a"])
+    assert (read, counted, decided) == (["_validate"], ["query_rows"], ["decide"])
+    read.clear()
+    counted.clear()
+    decided.clear()
     decided.clear()
     assert chk.verdict("decode", seq_lens=[100, 200], req_pool_indices=[1, 2])
     assert (read, counted, decided) == (["_validate"], ["query_rows"], ["decide"])

@@ -351,23 +351,9 @@ class Checker:
         check can tell) on the rows :func:`query_rows` counts and the largest slot, True for an
         idle step. It reads the columns as is fastest then: lists of plain ints stay lists, short
         integer arrays become lists, and the slot column's maximum comes from the pass that checks
-        it."""
-        if (not as_array and extend_lens is None and prefix_lens is None and rids is None and padded_rows is None
-                and num_merged_decodes.__class__ is int and not num_merged_decodes and forward_mode.__class__ is str
-                and forward_mode in _CANONICAL_MODES and forward_mode != "extend" and forward_mode != "mixed"):
-            # the verdict's commonest small step: one request of a mode without new-token counts, its
-            # columns lists of one plain int or short integer arrays read as such (what the general
-            # reading below accepts and returns for it)
-            v = seq_lens if seq_lens.__class__ is list else short_int_list(seq_lens)
-            x = v[0] if v is not None and len(v) == 1 else None
-            rows = self._one_request_rows.get(forward_mode)
-            if x.__class__ is int and 1 <= x <= MAX_POSITION and rows is not None:
-                if req_pool_indices is None:
-                    return self._decide(forward_mode, rows, None)
-                v = req_pool_indices if req_pool_indices.__class__ is list else short_int_list(req_pool_indices)
-                x = v[0] if v is not None and len(v) == 1 else None
-                if x.__class__ is int and self._low_slot <= x <= MAX_POSITION:
-                    return self._decide(forward_mode, rows, x)
+        it. (A step of one request in a mode without new-token counts, the commonest small step, is
+        read by :meth:`verdict` itself before this is called, with the rows this reading counts
+        for it, :attr:`_one_request_rows`; what it cannot take comes here.)"""
         if forward_mode.__class__ is str and forward_mode in _CANONICAL_MODES:
             mode = forward_mode
         else:
@@ -499,7 +485,25 @@ class Checker:
         mixed chunking: one row each). Returns :data:`LEGAL`, or an illegal :class:`Verdict` that
         carries the full report and safe split.
         """
-        if forward_mode is None and step.__class__ is not str:
+        if step.__class__ is str:
+            rows = self._one_request_rows.get(step)
+            if (rows is not None and forward_mode is extend_lens is prefix_lens is rids is padded_rows is None
+                    and num_merged_decodes.__class__ is int and not num_merged_decodes):
+                # the verdict's commonest small step: one request of a mode without new-token counts,
+                # its columns lists of one plain int or short integer arrays read as such (what the
+                # general reading, :meth:`_validate`, accepts and returns for it)
+                v = seq_lens if seq_lens.__class__ is list else short_int_list(seq_lens)
+                x = v[0] if v is not None and len(v) == 1 else None
+                if x.__class__ is int and 1 <= x <= MAX_POSITION:
+                    if req_pool_indices is None:
+                        if self._decide(step, rows, None):
+                            return LEGAL
+                    else:
+                        v = req_pool_indices if req_pool_indices.__class__ is list else short_int_list(req_pool_indices)
+                        x = v[0] if v is not None and len(v) == 1 else None
+                        if x.__class__ is int and self._low_slot <= x <= MAX_POSITION and self._decide(step, rows, x):
+                            return LEGAL
+        elif forward_mode is None:
             decided = _sglang_decision(step, self)       # an SGLang ScheduleBatch
             if decided is _NOT_SGLANG:
                 if step is None:
