@@ -416,8 +416,8 @@ def test_step_plans_equal_planning_each_call_from_scratch(gpu, kernel, h_q, extr
     from validate_batch.flashmla.calls import DecodeCall
     from validate_batch.flashmla.plan import plan
     from validate_batch.facts.knowledge import resolve_gpu
-    from validate_batch.engines.dsv4 import _shape_plan
-    from validate_batch.engines.dsv4 import step_plan as _decode_plan
+    from validate_batch.engines.shapes import shape_plan as _shape_plan
+    from validate_batch.engines.shapes import step_plan as _decode_plan
 
     g = resolve_gpu(gpu)
     rng = np.random.default_rng(7)

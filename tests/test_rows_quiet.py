@@ -2,9 +2,9 @@
 
 A FlashMLA call rule that reads only the call's rows (``reads="rows"``) promises to be silent from
 one row up to an edge and to find something at every row count above it (the registry's notes).
-The DeepSeek-V4 profile asks each rule for its edge once per call shape
-(``validate_batch.engines.dsv4._rows_edges``) and its step calls carry the rules silent at their row
-count in ``quiet_rules``. Held here to:
+The DeepSeek-V4 profiles (SGLang's and vLLM's) ask each rule for its edge once per call shape
+(``validate_batch.engines.shapes.rows_edges``) and their step calls carry the rules silent at their
+row count in ``quiet_rules``. Held here to:
 
 * the promise itself, for every rows rule on sparse decode shapes of every build, GPU and kernel
   half: at rows sampled on both sides of the edge (and powers of two up to the largest row count)
@@ -16,7 +16,8 @@ count in ``quiet_rules``. Held here to:
   ``4*(3b+1) <= 232448`` bytes, FMLA010's the info line's tenth of the GPU's memory;
 * the full check: with and without the skipping, DeepSeek-V4 steps at every edge - 1, edge and
   edge + 1 (and some random ones) get the same findings, codes, messages and legality, on several
-  builds and GPUs.
+  builds and GPUs, for both profiles; vLLM's decode calls also find what plans built from scratch
+  find, with the same length ranges.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ import pytest
 
 from conftest import oracle_path
 from validate_batch import Checker
-from validate_batch.engines import dsv4
+from validate_batch.engines import shapes as dsv4_shapes
 from validate_batch.errors import InputError
 from validate_batch.facts.knowledge import build_names, gpu_by_name, gpu_names
 from validate_batch.flashmla.calls import MAX_ROWS, DecodeCall
@@ -68,7 +69,7 @@ def test_every_rows_rule_is_silent_exactly_up_to_its_edge():
                     except InputError:
                         continue            # no kernels of this half / arch on this build
                     shapes += 1
-                    edges = dsv4._rows_edges(shape, revision())
+                    edges = dsv4_shapes.rows_edges(shape, revision())
                     for r in rules:
                         edge = edges[r.code]
                         for b in _samples(edge, rng):
@@ -105,21 +106,21 @@ def test_the_scheduler_edge_is_where_the_h200_kernel_stopped(h_q, d_qk):
     measured = _probe_edge(_records("flashmla_h200_probes.jsonl"), kind="sparse", s_q=1, h_q=h_q)
     assert measured == 11622
     shape = _shape("flashmla-9241ae3", "H200", None, 1, h_q, d_qk, 128 if d_qk == 512 else 2048, None)
-    edges = dsv4._rows_edges(shape, revision())
+    edges = dsv4_shapes.rows_edges(shape, revision())
     assert edges["FMLA001"] == measured
     # sgl-flash-mla 1.0.0's legacy scheduler ran 1,000,000 rows (it falls back): FMLA001 never fires
     ran = max(r["b"] for r in _records("sglfm_h200_probes.jsonl")
               if r.get("kind") == "sparse" and r["outcome"] == "ok" and r.get("s_q") == 1)
     assert ran >= 1_000_000
     legacy = _shape("sgl-flash-mla-1.0.0", "H200", True, 1, 64, 512, 128, None)
-    assert dsv4._rows_edges(legacy, revision())["FMLA001"] == MAX_ROWS
+    assert dsv4_shapes.rows_edges(legacy, revision())["FMLA001"] == MAX_ROWS
 
 
 def test_edges_from_first_principles():
     h200 = gpu_by_name("H200")
     optin = h200.smem_optin
     legacy = _shape("sgl-flash-mla-1.0.0", "H200", True, 1, 64, 512, 128, None)
-    edges = dsv4._rows_edges(legacy, revision())
+    edges = dsv4_shapes.rows_edges(legacy, revision())
     assert edges["FMLA015"] == (optin - 4) // 12            # the fast scheduler: 4*(3b+1) bytes
     # FMLA010's info line: fp32 lse_accum + o_accum of (b + P) rows over a tenth of the GPU's memory
     up = _shape("flashmla-9241ae3", "H200", None, 1, 64, 512, 128, 512)
@@ -130,7 +131,7 @@ def test_edges_from_first_principles():
     P = parts.pop()
     per_row = 1 * 64 * 4 * (1 + 512)
     tenth = h200.memory_bytes // 10
-    assert dsv4._rows_edges(up, revision())["FMLA010"] == tenth // per_row - P
+    assert dsv4_shapes.rows_edges(up, revision())["FMLA010"] == tenth // per_row - P
 
 
 CONFIGS = [
@@ -151,12 +152,12 @@ def test_the_check_finds_the_same_with_and_without_skipping(engine, gpu, build, 
     chk = Checker(engine=engine, gpu=gpu, build=build,
                   server_args={"chunked_prefill_size": 8192, "max_running_requests": 1 << 20})
     shape = chk._setup.parts[0][2].calls[0][3]
-    edges = sorted({e for e in dsv4._rows_edges(shape, revision()).values() if 0 < e < 200_000})
+    edges = sorted({e for e in dsv4_shapes.rows_edges(shape, revision()).values() if 0 < e < 200_000})
     rng = random.Random(7)
     rows = sorted({b for e in edges for b in (e - 1, e, e + 1)} | {1, 2, 64, rng.randint(3, 4096)})
     assert len(rows) >= 7, rows
     skipped = []
-    real_at = dsv4.QuietRules.at
+    real_at = dsv4_shapes.QuietRules.at
 
     def count_at(self, b):
         out = real_at(self, b)
@@ -171,10 +172,64 @@ def test_the_check_finds_the_same_with_and_without_skipping(engine, gpu, build, 
         seq = [rng.randint(1, 9000) for _ in range(b)]
         slots = list(range(1, b + 1))
         with monkeypatch.context() as m:
-            m.setattr(dsv4.QuietRules, "at", count_at)
+            m.setattr(dsv4_shapes.QuietRules, "at", count_at)
             fast = chk.check("decode", seq_lens=seq, req_pool_indices=slots)
         with monkeypatch.context() as m:
-            m.setattr(dsv4.QuietRules, "at", shape_only_at)
+            m.setattr(dsv4_shapes.QuietRules, "at", shape_only_at)
             full = chk.check("decode", seq_lens=seq, req_pool_indices=slots)
         assert _findings(fast) == _findings(full), (engine, gpu, build, b)
+    assert any(skipped), "the check skipped rows rules"
+
+
+VLLM_CONFIGS = [("H200", None), ("H200", "flashmla-9241ae3"), ("H200", "sgl-flash-mla-1.0.0"), ("B200", None)]
+
+
+@pytest.mark.parametrize("gpu,build", VLLM_CONFIGS)
+def test_the_vllm_profile_skips_as_the_sglang_one_and_plans_as_from_scratch(gpu, build, monkeypatch):
+    """vLLM's DeepSeek-V4 profile derives its decode calls from the same shapes and skips the same
+    rules (:mod:`validate_batch.engines.shapes`): at every rows-rule edge - 1, edge and edge + 1 its
+    full check finds what it finds without the skipping, and every decode call's plan finds what a
+    plan built from scratch by ``plan()`` for the same call finds."""
+    from validate_batch.api import check_plan
+
+    chk = Checker(engine="vllm-dsv4", gpu=gpu, build=build)
+    setup = chk._setup.parts[0][2]
+    shape = setup.calls[0][4]
+    assert shape.call.b == 1 and shape.call.kind == "sparse"
+    edges = sorted({e for e in dsv4_shapes.rows_edges(shape, revision()).values() if 0 < e < 200_000})
+    rng = random.Random(11)
+    rows = sorted({b for e in edges for b in (e - 1, e, e + 1)} | {1, 2, 64, rng.randint(3, 4096)})
+    if build in (None, "flashmla-9241ae3") and gpu == "H200":
+        # the scheduler's limit: vLLM 0.33's bundled copy 14527 rows, 9241ae3's 11622 (measured)
+        assert setup.max_rows in edges and setup.max_rows == (14527 if build is None else 11622)
+    real_at = dsv4_shapes.QuietRules.at
+    skipped = []
+
+    def count_at(self, b):
+        out = real_at(self, b)
+        skipped.append(len(out - self.base))
+        return out
+
+    def shape_only_at(self, b):
+        real_at(self, b)
+        return self.base
+
+    for b in rows:
+        seq = [rng.randint(1, 9000) for _ in range(b)]
+        with monkeypatch.context() as m:
+            m.setattr(dsv4_shapes.QuietRules, "at", count_at)
+            fast = chk.check("decode", seq_lens=seq)
+        with monkeypatch.context() as m:
+            m.setattr(dsv4_shapes.QuietRules, "at", shape_only_at)
+            full = chk.check("decode", seq_lens=seq)
+        assert _findings(fast) == _findings(full), (gpu, build, b)
+        if b <= 4096:
+            calls = [c for c in full.batch_plan.calls if c.route == "decode_kernel"]
+            assert len(calls) == 3, (gpu, build, b)
+            for c in calls:
+                fresh = plan(replace(c.call), gpu, build or "vllm-0.33")
+                # the ranges the step gave its call are the ones the arrays have
+                assert fresh.call.length_ranges == c.call.length_ranges, (gpu, build, b, c.name)
+                assert (fresh.implementation.name, fresh.num_sm_parts) == (c.plan.implementation.name, c.plan.num_sm_parts)
+                assert sorted(f.message for f in check_plan(fresh)) == sorted(f.message for f in check_plan(c.plan))
     assert any(skipped), "the check skipped rows rules"

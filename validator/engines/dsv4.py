@@ -12,14 +12,13 @@ from functools import lru_cache
 from ..inputs.batch import Batch, request_arrays, request_contexts
 from ..errors import InputError, NotModelled
 from ..facts.fields import min_max, positive_int
-from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
-from ..flashmla.plan import Plan, plan
+from ..flashmla.calls import MAX_ROWS, SparsePrefillCall
+from ..flashmla.plan import plan
 from .forward import draft_tokens, forward_rows
 from ..facts.knowledge import load
 from ..facts.modes import Mode
-from ..legality.ruleset import STATE as RULES
-from ..legality.ruleset import rows_rules, shape_rules, silent_rows
 from .base import BatchPlan, DerivedCall, Profile
+from .shapes import QuietRules, shape_plan, step_plan
 from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 from .versions import resolve_version
 from .._numpy import numpy_on_first_use
@@ -85,92 +84,6 @@ def heads_per_rank(batch: Batch, defaults: dict) -> int:
     return defaults["h_q"]
 
 
-# ----------------------------------------------------------------------------------- call shapes
-@lru_cache(maxsize=1024)
-def _shape_plan(gpu, build: str | None, h_q: int, d_qk: int, topk: int, extra_topk: int | None, page: int,
-                extra_page: int | None, label: str, use_legacy: bool | None = None) -> Plan:
-    """The plan of a DeepSeek-V4 call shape, computed once per configuration.
-
-    ``plan`` picks the implementation and ``num_sm_parts`` from the call's shape (path, heads,
-    head dimension, s_q) and the GPU, never from ``b`` or the per-row lengths, so a step's calls
-    reuse these and only their rows change (see :func:`step_plan`).
-    """
-    return plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, extra_topk=extra_topk,
-                           page=page, extra_page=extra_page, label=label, use_legacy=use_legacy), gpu, build)
-
-
-@lru_cache(maxsize=1024)
-def _shape_quiet(shape: Plan, has_topk_length: bool, has_extra_length: bool, revision: int) -> frozenset:
-    """Codes of the shape-only rules that find nothing for calls of ``shape`` with these length
-    arrays present: they find nothing for any ``b`` and any length values (see the registry), so
-    the calls derived every step skip them (``revision``: the rule registry's, which they were
-    asked at)."""
-    one = np.zeros(1, dtype=np.int64)
-    p = step_plan(shape, 1, one if has_topk_length else None, one if has_extra_length else None, quiet=frozenset())
-    return frozenset(r.code for r in shape_rules() if not r.func(p))
-
-
-@lru_cache(maxsize=1024)
-def _rows_edges(shape: Plan, revision: int) -> dict:
-    """Per rows rule (:func:`~validate_batch.legality.registry.rows_rules`), the most rows for which
-    it finds nothing on calls of ``shape`` (0: it finds something at one row), asked of the rule
-    itself (``revision``: the rule registry's). A rows rule reads no per-row length, so the calls
-    asked carry none, and the edges hold whichever length arrays a step's call carries."""
-    plans: dict = {}
-
-    def plan_at(b: int) -> Plan:        # (one plan per row count, shared by the rules asked of it)
-        p = plans.get(b)
-        if p is None:
-            p = plans[b] = step_plan(shape, b, None, None, quiet=frozenset())
-        return p
-
-    hint = shape.fast_sched_rows if shape.is_decode else None
-    return {r.code: silent_rows(r.func, plan_at, hint, MAX_ROWS) for r in rows_rules()}
-
-
-class QuietRules:
-    """The rules a call of one shape (and the length arrays it carries) skips at ``b`` rows
-    (:meth:`at`): the shape-only rules silent for the shape, and the rows rules silent up to ``b``
-    rows (each up to its edge, :func:`_rows_edges`). Both are asked of the rules when first needed
-    and again whenever the rule registry changes."""
-
-    __slots__ = ("shape", "topk_length", "extra_length", "revision", "table", "base")
-
-    def __init__(self, shape: Plan, has_topk_length: bool, has_extra_length: bool):
-        self.shape, self.topk_length, self.extra_length = shape, has_topk_length, has_extra_length
-        self.revision = None
-        self.table: tuple = ()
-        self.base = frozenset()
-
-    def _refresh(self) -> None:
-        rev = RULES.revision
-        base = _shape_quiet(self.shape, self.topk_length, self.extra_length, rev)
-        edges = _rows_edges(self.shape, rev)
-        tops = sorted({e for e in edges.values() if e > 0})
-        # at b rows (1 <= b <= top), the rules whose edge is at least top: one set per distinct edge
-        self.table = tuple((top, base | frozenset(c for c, e in edges.items() if e >= top)) for top in tops)
-        self.base, self.revision = base, rev
-
-    def at(self, b: int) -> frozenset:
-        """Codes of the rules that find nothing on this shape's call of ``b`` rows."""
-        if self.revision != RULES.revision:
-            self._refresh()
-        if b >= 1:
-            for top, quiet in self.table:
-                if b <= top:
-                    return quiet
-        return self.base
-
-
-def step_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
-              quiet: frozenset | None = None) -> Plan:
-    """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing
-    the shape's work. ``ranges``: the exact ``(min, max)`` of the length arrays when known;
-    ``quiet``: the shape-only rules that are silent for this shape (None: look them up)."""
-    call = shape.call.with_rows(b, topk_length, extra_topk_length, ranges)
-    if quiet is None:
-        quiet = _shape_quiet(shape, topk_length is not None, extra_topk_length is not None, RULES.revision)
-    return shape.for_call(call, memo, quiet)
 
 
 @dataclass(frozen=True)
@@ -215,7 +128,7 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
     prof = _data()
     dflt = prof["defaults"]
     d_qk, topk = dflt["d_qk"], dflt["swa_topk"]
-    probe = _shape_plan(gpu, build, h_q, d_qk, topk, None, dflt["page"], None, "", use_legacy)
+    probe = shape_plan(gpu, build, h_q, d_qk, topk, None, dflt["page"], None, "", use_legacy)
     c128_width = -(-(-(-context_length // 128)) // 64) * 64
     calls, prefill = [], []
     for spec in prof["calls"]:
@@ -225,7 +138,7 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
             extra_topk, extra_page = dflt["c4_extra_topk"], dflt["c4_extra_page"]
         elif r == 128:
             extra_topk, extra_page = c128_width, dflt["c128_extra_page"]
-        shape = _shape_plan(gpu, build, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"], use_legacy)
+        shape = shape_plan(gpu, build, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"], use_legacy)
         calls.append((spec["name"], r, extra_topk, shape, QuietRules(shape, True, extra_topk is not None),
                       QuietRules(shape, False, False)))
         prefill.append((spec["name"], topk + (extra_topk or 0)))

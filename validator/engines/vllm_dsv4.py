@@ -11,10 +11,11 @@ from dataclasses import dataclass
 
 from ..errors import InputError, NotModelled
 from ..inputs.batch import Batch
-from ..facts.fields import positive_int
-from ..flashmla.calls import DecodeCall, SparsePrefillCall
+from ..facts.fields import min_max, positive_int
+from ..flashmla.calls import SparsePrefillCall
 from ..flashmla.plan import plan
 from .base import BatchPlan, DerivedCall
+from .shapes import QuietRules, shape_plan, step_plan
 from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
 from .._numpy import numpy_on_first_use
 
@@ -27,7 +28,9 @@ NAME = "vllm-dsv4"
 class VllmDsv4Setup:
     h_q: int
     threshold: int
-    calls: tuple          # (name, ratio, extra_topk, extra_page)
+    # per layer type: (name, ratio, extra_topk, extra_page, shape plan, the rules its calls skip with
+    # per-row lengths, and without)
+    calls: tuple
     d_qk: int
     topk: int
     page: int
@@ -91,27 +94,19 @@ class VllmDsv4Profile(VllmProfile):
         ctx = positive_int(batch.arg("context_length") or batch.model.get("context_length") or dflt["context_length"],
                            "server_args.context_length")
         c128_width = -(-(-(-ctx // 128)) // 64) * 64
+        h_q = _heads(batch, dflt)
         calls = []
         for spec in prof["calls"]:
             r = spec["ratio"]
             extra = {4: (dflt["c4_extra_topk"], dflt["c4_extra_page"]), 128: (c128_width, dflt["c128_extra_page"])}
-            calls.append((spec["name"], r) + extra.get(r, (None, None)))
-        s = VllmDsv4Setup(_heads(batch, dflt), 1 + num_speculative_tokens(batch), tuple(calls), dflt["d_qk"],
-                          dflt["swa_topk"], dflt["page"], build, 0)
-        probe = [plan(self._call(s, c, 1, None), batch.gpu, build) for c in calls]
-        return VllmDsv4Setup(**{**s.__dict__, "max_rows": min(p.max_sched_rows for p in probe)})
-
-    @staticmethod
-    def _call(s: VllmDsv4Setup, spec: tuple, b: int, lengths) -> DecodeCall:
-        name, r, extra_topk, extra_page = spec
-        tl = extra_len = None
-        if lengths is not None:
-            tl = np.minimum(lengths, s.topk)
-            if extra_topk is not None:
-                extra_len = np.minimum(lengths // r, extra_topk)
-        return DecodeCall(kind="sparse", b=b, s_q=1, h_q=s.h_q, d_qk=s.d_qk, topk=s.topk, topk_length=tl,
-                          extra_topk=extra_topk, extra_topk_length=extra_len, page=s.page, extra_page=extra_page,
-                          label=name)
+            extra_topk, extra_page = extra.get(r, (None, None))
+            # the decode call's shape: planned once, each step's calls are it with their rows
+            shape = shape_plan(batch.gpu, build, h_q, dflt["d_qk"], dflt["swa_topk"], extra_topk, dflt["page"],
+                               extra_page, spec["name"])
+            calls.append((spec["name"], r, extra_topk, extra_page, shape, QuietRules(shape, True, extra_topk is not None),
+                          QuietRules(shape, False, False)))
+        return VllmDsv4Setup(h_q, 1 + num_speculative_tokens(batch), tuple(calls), dflt["d_qk"], dflt["swa_topk"],
+                             dflt["page"], build, min(c[4].max_sched_rows for c in calls))
 
     def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, build, memo=None) -> None:
         s = setup
@@ -120,13 +115,29 @@ class VllmDsv4Profile(VllmProfile):
                          "decode tokens")
         b = step.decode_tokens
         if b:
-            lengths = None if bp.rows_only or b > s.max_rows else step.decode_row_lengths()
-            for spec in s.calls:
-                p = plan(self._call(s, spec, b, lengths), batch.gpu, s.kernel)
-                bp.calls.append(DerivedCall(spec[0], p.call, p, "decode_kernel"))
+            if bp.rows_only or b > s.max_rows:  # per-row lengths only matter when the scheduler runs
+                for name, _, _, _, shape, _, quiet in s.calls:
+                    p = step_plan(shape, b, None, None, memo, None, quiet.at(b))
+                    bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
+            else:
+                lengths = step.decode_row_lengths()
+                # every length array is a non-decreasing function of the row's causal length: its exact
+                # range follows from theirs
+                lo, hi = min_max(lengths)
+                tl_range = (min(lo, s.topk), min(hi, s.topk))
+                tl = np.minimum(lengths, s.topk)
+                for name, r, extra_topk, _, shape, quiet, _ in s.calls:
+                    if extra_topk is None:
+                        extra_len, ranges = None, {"topk_length": tl_range}
+                    else:
+                        extra_len = np.minimum(lengths // r, extra_topk)
+                        ranges = {"topk_length": tl_range,
+                                  "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
+                    p = step_plan(shape, b, tl, extra_len, memo, ranges, quiet.at(b))
+                    bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
         if step.prefill_tokens:
             mult = int(version["prefill_topk_multiple"])
-            for name, r, extra_topk, _ in s.calls:
+            for name, r, extra_topk, *_ in s.calls:
                 topk = -(-(s.topk + (extra_topk or 0)) // mult) * mult
                 call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=topk,
                                          label=f"{name} prefill")
