@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,8 @@ from validate_batch.facts.knowledge import build_names, gpu_by_name, gpu_names
 from validate_batch.flashmla.calls import MAX_ROWS, DecodeCall
 from validate_batch.flashmla.plan import plan
 from validate_batch.legality.ruleset import revision, rows_rules
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SHAPES = [  # (s_q, h_q, d_qk, topk, extra_topk)
     (1, 64, 512, 128, None), (1, 64, 512, 128, 512), (1, 128, 576, 2048, None), (4, 16, 512, 128, 1024),
@@ -200,8 +203,15 @@ def test_the_vllm_profile_skips_as_the_sglang_one_and_plans_as_from_scratch(gpu,
     rng = random.Random(11)
     rows = sorted({b for e in edges for b in (e - 1, e, e + 1)} | {1, 2, 64, rng.randint(3, 4096)})
     if build in (None, "flashmla-9241ae3") and gpu == "H200":
-        # the scheduler's limit: vLLM 0.33's bundled copy 14527 rows, 9241ae3's 11622 (measured)
-        assert setup.max_rows in edges and setup.max_rows == (14527 if build is None else 11622)
+        # the scheduler's limit is where the H200 kernel stopped: vLLM 0.33's bundled copy
+        # (fixtures/measured/vllm033_h200_probes.jsonl: 14527 ran, 14528 raised) and 9241ae3
+        if build is None:
+            with (ROOT / "fixtures" / "measured" / "vllm033_h200_probes.jsonl").open(encoding="utf-8") as fh:
+                probes = [json.loads(line) for line in fh if line.strip()]
+        else:
+            probes = _records("flashmla_h200_probes.jsonl")
+        measured = _probe_edge(probes, kind="sparse", s_q=1, h_q=64)
+        assert setup.max_rows in edges and setup.max_rows == measured
     real_at = dsv4_shapes.QuietRules.at
     skipped = []
 

@@ -70,7 +70,6 @@ def test_the_verdict_takes_the_full_checks_reading_row_counter_and_decision(monk
     read.clear()
     counted.clear()
     decided.clear()
-    decided.clear()
     assert chk.verdict("decode", seq_lens=[100, 200], req_pool_indices=[1, 2])
     assert (read, counted, decided) == (["_validate"], ["query_rows"], ["decide"])
     read.clear()

@@ -18,7 +18,7 @@ from .forward import draft_tokens, forward_rows
 from ..facts.knowledge import load
 from ..facts.modes import Mode
 from .base import BatchPlan, DerivedCall, Profile
-from .shapes import QuietRules, shape_plan, step_plan
+from .shapes import QuietRules, ratio_lengths, shape_plan, step_plan
 from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 from .versions import resolve_version
 from .._numpy import numpy_on_first_use
@@ -480,18 +480,10 @@ class Dsv4Profile(Profile):
         lengths = causal_lengths(batch, rows)
         topk = dflt["swa_topk"]
         topk_length = np.minimum(lengths, topk)
-        # every length array below is a non-decreasing function of the row's causal length, so its exact
-        # range follows from the causal lengths' range
         lo, hi = min_max(lengths)
         tl_range = (min(lo, topk), min(hi, topk))
         for name, r, extra_topk, shape, quiet, _ in setup.calls:
-            if extra_topk is None:
-                extra_len, ranges = None, {"topk_length": tl_range}
-            else:
-                extra_len = lengths // r
-                if hi // r > extra_topk:       # (else no row reaches the width: nothing to clamp)
-                    np.minimum(extra_len, extra_topk, out=extra_len)
-                ranges = {"topk_length": tl_range, "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
+            extra_len, ranges = ratio_lengths(lengths, lo, hi, tl_range, r, extra_topk)
             p = step_plan(shape, b, topk_length, extra_len, memo, ranges, quiet.at(b))
             bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
         if tail:

@@ -92,6 +92,21 @@ class QuietRules:
         return self.base
 
 
+def ratio_lengths(lengths, lo: int, hi: int, topk_range: tuple, ratio: int, extra_topk: int | None) -> tuple:
+    """A compression ratio's per-row compressed lengths (``lengths // ratio`` clamped to
+    ``extra_topk``; None for a call without them) and the exact ranges of its call's length arrays,
+    given the rows' causal ``lengths``, their range ``lo..hi`` and that of the top-k lengths. Every
+    length array is a non-decreasing function of the row's causal length, so its range follows from
+    theirs."""
+    if extra_topk is None:
+        return None, {"topk_length": topk_range}
+    extra = lengths // ratio
+    if hi // ratio > extra_topk:       # (else no row reaches the width: nothing to clamp)
+        np.minimum(extra, extra_topk, out=extra)
+    return extra, {"topk_length": topk_range,
+                   "extra_topk_length": (min(lo // ratio, extra_topk), min(hi // ratio, extra_topk))}
+
+
 def step_plan(shape: Plan, b: int, topk_length, extra_topk_length, memo=None, ranges=None,
               quiet: frozenset | None = None) -> Plan:
     """``plan(call)`` for ``shape``'s call with ``b`` rows and these per-row lengths, without redoing

@@ -15,7 +15,7 @@ from ..facts.fields import min_max, positive_int
 from ..flashmla.calls import SparsePrefillCall
 from ..flashmla.plan import plan
 from .base import BatchPlan, DerivedCall
-from .shapes import QuietRules, shape_plan, step_plan
+from .shapes import QuietRules, ratio_lengths, shape_plan, step_plan
 from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
 from .._numpy import numpy_on_first_use
 
@@ -121,18 +121,11 @@ class VllmDsv4Profile(VllmProfile):
                     bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
             else:
                 lengths = step.decode_row_lengths()
-                # every length array is a non-decreasing function of the row's causal length: its exact
-                # range follows from theirs
                 lo, hi = min_max(lengths)
                 tl_range = (min(lo, s.topk), min(hi, s.topk))
                 tl = np.minimum(lengths, s.topk)
                 for name, r, extra_topk, _, shape, quiet, _ in s.calls:
-                    if extra_topk is None:
-                        extra_len, ranges = None, {"topk_length": tl_range}
-                    else:
-                        extra_len = np.minimum(lengths // r, extra_topk)
-                        ranges = {"topk_length": tl_range,
-                                  "extra_topk_length": (min(lo // r, extra_topk), min(hi // r, extra_topk))}
+                    extra_len, ranges = ratio_lengths(lengths, lo, hi, tl_range, r, extra_topk)
                     p = step_plan(shape, b, tl, extra_len, memo, ranges, quiet.at(b))
                     bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
         if step.prefill_tokens:
