@@ -12,6 +12,7 @@ import pytest
 
 import validate_batch
 from validate_batch.bisect import BisectChecker, find_boundary
+from validate_batch.engines import shapes
 from validate_batch.errors import BatchIllegalError
 from validate_batch.legality.registry import revision, rule, unregister
 
@@ -152,3 +153,30 @@ def test_bisect_boundary_follows_a_new_rule(add_rule):
     checker = BisectChecker()
     b = find_boundary(make, checker, 0, 150000, None, "prefix")
     assert (b.largest_legal, b.first_illegal, b.codes) == (100000, 100001, ["TST901"])
+
+
+def test_a_shape_only_rule_added_later_runs_on_a_call_shape_planned_before():
+    """A one-shot check plans a sparse decode call from its shape's plan, made once, and skips the
+    shape-only rules silent for the shape (``validate_batch.engines.shapes.call_plan``): a rule
+    added after the shape was planned runs on it."""
+    rec = {"kind": "sparse", "b": 2, "s_q": 1, "h_q": 64, "d_qk": 512, "topk": 128}
+    shapes._CALL_SHAPES.clear()
+    assert validate_batch.check(rec).legal
+    assert validate_batch.check(rec).plans[0].quiet_rules           # the shape's silent rules, skipped
+
+    def sixty_four_heads(p):
+        """Sixty-four query heads (test rule)."""
+        if p.call.h_q == 64:
+            return [sixty_four_heads.rule.finding("h_q expected other than 64, got 64", subject="call")]
+        return None
+
+    rule("TST950", scope="call", reads=None, shape_only=True, title="test rule", failure="python_exception: test",
+         source="this test")(sixty_four_heads)
+    try:
+        report = validate_batch.check(rec)
+        assert "TST950" in report.codes and not report.legal
+        assert "TST950" not in report.plans[0].quiet_rules
+        assert validate_batch.check({**rec, "h_q": 128}).legal
+    finally:
+        unregister("TST950")
+    assert validate_batch.check(rec).legal

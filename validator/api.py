@@ -5,6 +5,7 @@ from typing import Any, Iterable, Mapping
 
 from .inputs.batch import is_batch_like
 from .deepgemm import KINDS as DEEPGEMM_KINDS
+from .engines.shapes import call_plan
 from .errors import BatchIllegalError, InputError
 from .flashinfer import KINDS as FLASHINFER_KINDS
 from .flashmla import SUBJECT_KINDS as TENSOR_KINDS
@@ -39,7 +40,9 @@ def check_plan(p: Plan) -> list[Finding]:
 def plan_any(c: Any, gpu: GPU, build: str | None = None, where: str = "call"):
     """The plan of one call of any kernel family: a FlashMLA call or record, a FlashInfer or
     DeepGEMM record (by ``kind``), or a FlashMLA tensor check (``sched_meta_reuse``,
-    ``decode_indices``). ``build`` names the FlashMLA build (the other families take ``version``)."""
+    ``decode_indices``). ``build`` names the FlashMLA build (the other families take ``version``);
+    ``gpu`` is resolved (:func:`resolve_gpu`). A sparse FlashMLA decode call's plan comes from its
+    shape's (:func:`~validate_batch.engines.shapes.call_plan`)."""
     if isinstance(c, Mapping):
         kind = c.get("kind")
         # (each family's calls module loads with its first record)
@@ -55,7 +58,7 @@ def plan_any(c: Any, gpu: GPU, build: str | None = None, where: str = "call"):
             from .flashmla import tensors
 
             return tensors.subject_from_record(c, where, gpu, build)
-    return plan(_as_call(c, where), gpu, build)
+    return call_plan(_as_call(c, where), gpu, build)
 
 
 def check_calls(calls: Iterable[Any], gpu: Any = "H200", build: str | None = None, *,

@@ -6,11 +6,18 @@ partitions from the shape and the GPU alone, never from ``b`` or the per-row len
 calls are that plan with their rows put in (:func:`step_plan`). What a shape's calls skip is asked
 of the rules once per shape (:class:`QuietRules`): the shape-only rules that find nothing for it,
 and the rows rules up to the rows at which each starts to find something.
+
+A one-shot check of any sparse decode call (``validate_batch.check(record)``) takes its plan from
+the same pieces (:func:`call_plan`): the plan of the call's shape, made once per shape, with the
+call put in, carrying the shape-only rules silent for the shape.
 """
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from functools import lru_cache
 
+from ..errors import InputError
+from ..facts.knowledge import generation
 from ..flashmla.calls import MAX_ROWS, DecodeCall
 from ..flashmla.plan import Plan, plan
 from ..legality.ruleset import STATE as RULES
@@ -56,6 +63,39 @@ def rows_edges(shape: Plan, revision: int) -> dict:
 
     hint = shape.fast_sched_rows if shape.is_decode else None
     return {r.code: silent_rows(r.func, plan_at, hint, MAX_ROWS) for r in rows_rules()}
+
+
+#: a call's fields that depend on its rows (or only name it): every other field is its shape
+_PER_ROW = frozenset({"b", "topk_length", "extra_topk_length", "seqlens", "block_table", "num_blocks", "label", "meta"})
+SHAPE_FIELDS = tuple(f.name for f in fields(DecodeCall) if f.name not in _PER_ROW)
+#: (GPU, build, the call's shape fields) -> the plan of that shape's call of one row
+_CALL_SHAPES: dict = {}
+
+
+def call_plan(call, gpu, build: str | None) -> Plan:
+    """``plan(call, gpu, build)`` (``gpu`` resolved), for a sparse decode call from the plan of its
+    shape (any call of the same :data:`SHAPE_FIELDS` on the same GPU, build and generation facts: its
+    implementation, partitions and shape facts, made once) with the call put in, carrying the shape-only rules
+    silent for the shape (:func:`shape_quiet`), which :func:`~validate_batch.legality.registry.run_rules`
+    then skips. Other calls, and calls with engine annotations (``meta``), are planned as they are."""
+    if call.__class__ is not DecodeCall or call.kind != "sparse" or call.meta:
+        return plan(call, gpu, build)
+    d = call.__dict__
+    try:
+        # the generation's facts as they are read now (a shape planned from earlier ones is not reused;
+        # the memo's plan holds its generation, so an id is not reused while it is kept)
+        gen = generation(build, "sparse", call.use_legacy, gpu.arch)
+        key = (gpu, build, id(gen), *[d[name] for name in SHAPE_FIELDS])
+        shape = _CALL_SHAPES.get(key)
+    except (TypeError, InputError):  # (a name or value plan() refuses: it says what is wrong with it)
+        return plan(call, gpu, build)
+    if shape is None:
+        shape = plan(replace(call, b=1, topk_length=None, extra_topk_length=None, label=""), gpu, build)
+        if len(_CALL_SHAPES) >= 1024:
+            _CALL_SHAPES.clear()
+        _CALL_SHAPES[key] = shape
+    quiet = shape_quiet(shape, call.topk_length is not None, call.extra_topk_length is not None, RULES.revision)
+    return shape.for_call(call, None, quiet)
 
 
 class QuietRules:

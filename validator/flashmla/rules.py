@@ -390,9 +390,11 @@ def sparse_heads(p: Plan):
     if not isinstance(c, DecodeCall) or c.kind != "sparse":
         return None
     shapes = p.gen["sparse_shapes"]
-    fails = shapes.get("failures", {})
     layouts = p.gen["kv_layouts"]
     heads = shapes["h_q"]
+    if c.h_q in heads and c.h_k in shapes["h_k"] and c.d_qk in layouts and c.d_v in shapes["d_v"]:
+        return None                     # (the common case: no finding, and no fix text to build)
+    fails = shapes.get("failures", {})
     pad = next((h for h in sorted(heads) if h > c.h_q), max(heads))
     names = " or ".join(f"{rec['name']} ({d})" for d, rec in layouts.items())
     checks = (("h_q", c.h_q, list(heads), f"pad heads to {pad}"),
