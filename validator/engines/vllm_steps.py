@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..inputs.batch import Batch, request_arrays
 from ..errors import InputError
-from ..facts.fields import positive_int
+from ..facts.fields import min_max, positive_int
 from ..flashmla.calls import MAX_ROWS
 from .forward import draft_tokens, forward_rows
 from ..facts.knowledge import load
@@ -78,6 +78,12 @@ class VllmStep:
         ``computed_i + j + 1``."""
         q = np.asarray(self.query[:self.num_decodes], dtype=np.int64)
         c = self.computed[:self.num_decodes]
+        if q.shape[0]:
+            lo, hi = (int(q[0]),) * 2 if q.strides == (0,) else min_max(q)
+            if lo == hi == 1:
+                return c + 1
+            if lo == hi > 1:           # (one query length for every decode: request i's rows, in order)
+                return (c[:, None] + np.arange(1, lo + 1, dtype=np.int64)).ravel()
         n = int(q.sum())
         if n == 0:
             return np.zeros(0, dtype=np.int64)

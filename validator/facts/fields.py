@@ -287,6 +287,9 @@ def column(v: Any, name: str, lo: int, hi: int, n: int | None, as_array: bool = 
                 if lo <= mn and mx <= hi and (mn > 1 or set(map(type, v)) == _INT_TYPES):
                     return a
             return column_slow(v, name, lo, hi)
+        c = _accel.compiled
+        if c is not None and lo >= 0 and c.int_stats(v, lo, hi) is not None:
+            return v                    # (one compiled pass: plain ints in range)
         if set(map(type, v)) != _INT_TYPES or min(v) < lo or max(v) > hi:
             return column_slow(v, name, lo, hi)
         return v

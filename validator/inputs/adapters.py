@@ -46,9 +46,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import Enum
-from operator import attrgetter
+from operator import attrgetter, ge
 from typing import Any
 
+from .. import _accel
 from ..errors import InputError
 from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within, list_column_top
 from ..facts.modes import Mode
@@ -128,33 +129,39 @@ def sglang_forward_mode(batch: Any, draft_tokens: int = 0) -> Mode | None:
 
 
 class RequestIds(Sequence):
-    """An SGLang step's request ids (each request's ``rid`` as a string, then any beam-search
-    member rows' ids), read from the requests when first used: when the report names a request
-    (a finding, the safe split, a listing of the requests), not for every checked step. The step's
-    requests are held as they were when it was read. Reading them raises :class:`InputError` for
-    a request without ``rid`` and for two requests with the same id."""
+    """An engine step's request ids, read when first used: when the report names a request (a
+    finding, the safe split, a listing of the requests), not for every checked step. An SGLang
+    step's are each request's ``rid`` as a string, then any beam-search member rows' ids; a vLLM
+    step's (``plain``) are its scheduled request ids as strings. The step's requests are held as
+    they were when it was read. Reading them raises :class:`InputError` for a request without
+    ``rid`` and for two requests with the same id."""
 
-    __slots__ = ("_reqs", "_extra", "_ids")
+    __slots__ = ("_reqs", "_extra", "_ids", "_plain")
 
-    def __init__(self, reqs, extra: list | None = None):
+    def __init__(self, reqs, extra: list | None = None, plain: bool = False):
         self._reqs = tuple(reqs)
         self._extra = list(extra or ())
         self._ids: list | None = None
+        self._plain = plain
 
     def ids(self) -> list[str]:
         """The ids as a list (read and checked on the first call)."""
         ids = self._ids
         if ids is None:
-            try:
-                ids = [str(r.rid) for r in self._reqs]
-            except AttributeError:
-                i = next(i for i, r in enumerate(self._reqs) if not hasattr(r, "rid"))
-                raise InputError(f"reqs[{i}].rid", "missing: every request of the batch names its id") from None
+            if self._plain:
+                ids = [str(r) for r in self._reqs]
+            else:
+                try:
+                    ids = [str(r.rid) for r in self._reqs]
+                except AttributeError:
+                    i = next(i for i, r in enumerate(self._reqs) if not hasattr(r, "rid"))
+                    raise InputError(f"reqs[{i}].rid", "missing: every request of the batch names its id") from None
             ids += self._extra
             if len(set(ids)) != len(ids):
                 seen: set = set()
                 dup = next(x for x in ids if x in seen or seen.add(x))
-                raise InputError("rids", f"duplicate request id {dup!r} among the batch's requests")
+                raise InputError("rids", f"duplicate request id {dup!r}" if self._plain
+                                 else f"duplicate request id {dup!r} among the batch's requests")
             self._ids = ids
         return ids
 
@@ -430,7 +437,11 @@ def _vllm_requests(out: Any) -> tuple[dict, dict]:
             outs = _as_list(outs, "scheduled_cached_reqs.num_output_tokens")
             if len(outs) != len(ids):
                 raise InputError("scheduled_cached_reqs", f"{len(ids)} req_ids but {len(outs)} num_output_tokens")
-            done.update((i, int(o) > 0) for i, o in zip(ids, outs))
+            c = _accel.compiled
+            if c is not None and outs.__class__ is list and c.int_stats(outs, 0, MAX_POSITION) is not None:
+                done.update(zip(ids, map(bool, outs)))      # (plain ints >= 0: above 0 exactly when true)
+            else:
+                done.update((i, int(o) > 0) for i, o in zip(ids, outs))
     else:
         for c in cached:
             computed[c.req_id] = c.num_computed_tokens
@@ -456,8 +467,19 @@ def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
     if not hasattr(spec, "items"):
         raise InputError("scheduled_spec_decode_tokens", f"expected a mapping of request id -> token ids, "
                                                          f"got {type(spec).__name__}")
+    drafts: dict = {}
+    if not spec:
+        return drafts
     sched = dict(zip(rids, toks))
-    drafts = {}
+    if spec.__class__ is dict and spec.keys() <= sched.keys():
+        # (every drafted request scheduled: the counts, and their check against the scheduled tokens,
+        # in C passes; the loop below names the first request that fails)
+        try:
+            counts = list(map(len, spec.values()))
+            if not any(map(ge, counts, map(sched.__getitem__, spec))):
+                return dict(zip(spec, counts))
+        except TypeError:
+            pass
     for rid, ids in spec.items():
         k = len(ids)
         if rid not in sched:
@@ -468,6 +490,30 @@ def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
                              f"expected fewer than num_scheduled_tokens ({sched[rid]}) draft tokens, got {k}")
         drafts[rid] = k
     return drafts
+
+
+def _vllm_all_done(out: Any, rids: list) -> list | None:
+    """The ``num_computed_tokens`` of the scheduled requests, in ``rids``' order, when the step needs
+    no reorder: no new request, and the cached requests' parallel lists name exactly ``rids`` in that
+    order, every one with output tokens (done prefilling) and computed tokens. None otherwise
+    (the general reading, :func:`_vllm_requests`, then reads the step and says what is wrong with it)."""
+    if out.scheduled_new_reqs:
+        return None
+    cached = getattr(out, "scheduled_cached_reqs", None)
+    ids = getattr(cached, "req_ids", None)
+    if ids.__class__ is not list or ids != rids:
+        return None
+    nums, outs = getattr(cached, "num_computed_tokens", None), getattr(cached, "num_output_tokens", None)
+    if nums.__class__ is not list or outs.__class__ is not list or len(nums) != len(ids) or len(outs) != len(ids):
+        return None
+    try:
+        # (for a real number x, int(x) > 0 exactly when x >= 1: every request done prefilling; and
+        # every one with computed tokens, so none is moved by the reorder)
+        if min(outs) >= 1 and min(nums) >= 1:
+            return nums
+    except TypeError:
+        pass
+    return None
 
 
 def _vllm_mode(toks: list, prefix: list) -> Mode:
@@ -487,23 +533,27 @@ def vllm_lists(out: Any, checker) -> dict | None:
     rids, toks = _vllm_tokens(out)
     if not rids:
         return None
-    computed, done = _vllm_requests(out)
-    missing = [r for r in rids if r not in computed]
-    if missing:
-        raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
-                         f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
-    drafts = _vllm_spec(out, rids, toks)
-    if getattr(checker, "vllm_steps", False):
-        # the reorder's first region: requests with computed tokens that are done prefilling
-        first = [i for i, r in enumerate(rids) if (done.get(r) or r in drafts) and computed[r] > 0]
-        if first and len(first) < len(rids):
-            lead = set(first)
-            order = first + [i for i in range(len(rids)) if i not in lead]
-            rids, toks = [rids[i] for i in order], [toks[i] for i in order]
-    prefix = [computed[r] for r in rids]
+    prefix = _vllm_all_done(out, rids)
+    if prefix is not None:          # (the common step: the requests scheduled before, in their order)
+        _vllm_spec(out, rids, toks)
+    else:
+        computed, done = _vllm_requests(out)
+        missing = [r for r in rids if r not in computed]
+        if missing:
+            raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
+                             f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
+        drafts = _vllm_spec(out, rids, toks)
+        if getattr(checker, "vllm_steps", False):
+            # the reorder's first region: requests with computed tokens that are done prefilling
+            first = [i for i, r in enumerate(rids) if (done.get(r) or r in drafts) and computed[r] > 0]
+            if first and len(first) < len(rids) and first[-1] != len(first) - 1:   # (else already in order)
+                lead = set(first)
+                order = first + [i for i in range(len(rids)) if i not in lead]
+                rids, toks = [rids[i] for i in order], [toks[i] for i in order]
+        prefix = [computed[r] for r in rids]
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     prefix = column(prefix, "num_computed_tokens", 0, MAX_POSITION, len(toks))
-    ids = [str(r) for r in rids]
+    ids = RequestIds(rids, plain=True)      # (read when the report names a request)
     if _vllm_mode(toks, prefix).is_decode():
         return {"forward_mode": Mode.DECODE.value, "rids": ids, "seq_lens": [p + 1 for p in prefix]}
     return {"forward_mode": Mode.EXTEND.value, "rids": ids, "extend_lens": toks, "prefix_lens": prefix}
