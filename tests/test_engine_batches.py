@@ -338,3 +338,32 @@ def test_assert_legal_raises_with_findings_and_split():
         validate_batch.assert_legal(doc)
     assert any(f.code == "FMLA001" for f in ei.value.findings)
     assert ei.value.safe_split.num_chunked_steps == 2
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_extend_row_breakdown_is_new_tokens_decode_entries_and_merged_decodes(seed):
+    """An extend (or mixed) forward's rows, first principles: each extend request's new tokens, one
+    row per decode entry among the requests, one per running decode merged into a mixed forward;
+    with decode entries and without (every request extending)."""
+    from validate_batch.engines.forward import forward_rows
+    from validate_batch.inputs.batch import batch_from_dict
+
+    rng = random.Random(seed)
+    mixed = seed % 2 == 1
+    reqs, want_ext, want_dec = [], 0, 0
+    for i in range(rng.choice([1, 3, 40])):
+        if seed % 4 < 2 and rng.random() < 0.3:
+            reqs.append({"id": f"d{i}", "seq_len": rng.randint(1, 9000)})
+            want_dec += 1
+        else:
+            t = rng.randint(1, 4000)
+            reqs.append({"id": f"e{i}", "extend_tokens": t, "prefix_len": rng.randint(0, 9000)})
+            want_ext += t
+    running = [{"id": f"run{j}", "seq_len": 100 + j} for j in range(rng.choice([0, 2, 5]))]
+    doc = {"engine": "sglang-dsv4@pre-25418", "gpu": "H200", "forward_mode": "mixed" if mixed else "extend",
+           "server_args": {"enable_mixed_chunk": mixed}, "requests": reqs, "running": running}
+    rows, bd = forward_rows(batch_from_dict(doc))
+    merged = len(running) if mixed else 0
+    assert bd == {"extend_tokens": want_ext, "decode_rows_in_forward": want_dec, "merged_running_decodes": merged}
+    assert rows == want_ext + want_dec + merged
+    assert all(type(v) is int for v in (rows, *bd.values()))

@@ -2,14 +2,15 @@
 the general reading's per-request dictionaries, and reads exactly as the general reading does.
 
 ``validate_batch.inputs.adapters.vllm_lists`` turns a ``SchedulerOutput`` into the Checker's lists.
-Its common step (no new request; the cached requests' ``req_ids`` are the scheduled requests in the
-order ``num_scheduled_tokens`` lists them, each with output tokens and computed tokens) needs no
-reorder, so it takes the cached requests' ``num_computed_tokens`` as they are. Held here to the
+Its common step (the cached requests' ``req_ids`` are the first scheduled requests in the order
+``num_scheduled_tokens`` lists them, each with output tokens and computed tokens; new requests, if
+any, after them) keeps them first and in order, so it takes their ``num_computed_tokens`` as they
+are and reads only the new requests one by one. Held here to the
 general reading (the same function with that shortcut turned off): the same keyword arguments, or
 the same InputError (field and message), and where it reads the step, to vLLM 0.33's rules written
 out in the test (which requests are done prefilling, the backend's reorder, decode or extend), on
 generated steps that cover the shortcut's every
-condition and both sides of each: new requests or none; ``req_ids`` in the scheduled order,
+condition and both sides of each: new requests or none, after the cached ones or before them; ``req_ids`` in the scheduled order,
 permuted, longer, shorter or repeated; output counts 0, 1, 7, 0.5, 1.5, ``True`` and ``"7"``;
 computed counts 0, 1 and 300; parallel lists of wrong lengths, tuples, numpy arrays or missing;
 draft tokens, valid and for requests not scheduled; totals that do not add up. The steps are plain
@@ -41,7 +42,7 @@ OUT = vllm_release.sched_output()
 def _read(so, guard, shortcut: bool, monkeypatch):
     with monkeypatch.context() as m:
         if not shortcut:
-            m.setattr(adapters, "_vllm_all_done", lambda out, rids: None)
+            m.setattr(adapters, "_vllm_done_lead", lambda out, rids: None)
         try:
             return "ok", adapters.vllm_lists(so, guard)
         except InputError as e:
@@ -65,6 +66,8 @@ def steps(draw):
         prompt, comp, t = draw(st.sampled_from([(50, 0, 50), (50, 10, 40), (50, 49, 1)]))
         new.append(SimpleNamespace(req_id=f"n{j}", prompt_token_ids=list(range(prompt)), num_computed_tokens=comp))
         tokens[f"n{j}"] = t
+    if new and draw(st.booleans()):        # (new requests scheduled before the cached ones)
+        tokens = {**{r.req_id: tokens[r.req_id] for r in new}, **{r: tokens[r] for r in ids}}
     order = draw(st.sampled_from(["same", "same", "permuted", "longer", "shorter", "repeated"]))
     cached_ids = list(ids)
     if order == "permuted" and n > 1:
@@ -152,14 +155,14 @@ def test_the_shortcut_reads_as_the_general_reading(engine, s, monkeypatch):
 
 def test_the_common_step_takes_the_shortcut_and_others_do_not(monkeypatch):
     taken = []
-    real = adapters._vllm_all_done
+    real = adapters._vllm_done_lead
 
     def spy(out, rids):
         got = real(out, rids)
         taken.append(got is not None)
         return got
 
-    monkeypatch.setattr(adapters, "_vllm_all_done", spy)
+    monkeypatch.setattr(adapters, "_vllm_done_lead", spy)
     guard = GUARDS["vllm-dsv4"]
     base = dict(ids=["a", "b", "c"], nums=[300, 301, 302], outs=[7, 1, 2], new=[], tokens={"a": 1, "b": 1, "c": 1},
                 spec={}, total=3)
@@ -168,13 +171,17 @@ def test_the_common_step_takes_the_shortcut_and_others_do_not(monkeypatch):
     for change in ({"outs": [7, 0, 2]}, {"nums": [300, 0, 302]}, {"ids": ["b", "a", "c"]},
                    {"outs": [7, 0.5, 2]}):
         adapters.vllm_lists(_namespace({**base, **change}), guard)
-    # a step with drafts, and one with a new request: the first taken, the second not
+    # a step with drafts
     adapters.vllm_lists(_namespace({**base, "tokens": {"a": 4, "b": 4, "c": 4}, "total": 12,
                                     "spec": {"a": [0] * 3, "b": [0] * 3, "c": [0] * 3}}), guard)
     adapters.vllm_lists(_namespace({**base, "new": [SimpleNamespace(req_id="n", prompt_token_ids=[1] * 9,
                                                                     num_computed_tokens=0)],
                                     "tokens": {"a": 1, "b": 1, "c": 1, "n": 9}, "total": 12}), guard)
-    assert taken == [True, False, False, False, False, True, False]
+    # a new request scheduled after them (it leaves the lead as it is), and one before them
+    adapters.vllm_lists(_namespace({**base, "new": [SimpleNamespace(req_id="n", prompt_token_ids=[1] * 9,
+                                                                    num_computed_tokens=0)],
+                                    "tokens": {"n": 9, "a": 1, "b": 1, "c": 1}, "total": 12}), guard)
+    assert taken == [True, False, False, False, False, True, True, False]
 
 
 @settings(max_examples=300, deadline=None)

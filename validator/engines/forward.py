@@ -90,10 +90,15 @@ def forward_rows(batch: Batch) -> tuple[int, dict]:
     n = len(batch.requests)
     if mode.is_routable():
         ext_a, _, _, is_dec = request_arrays(batch.requests)
-        ext, dec_in = int(ext_a[~is_dec].sum()), int(is_dec.sum())
         merged = len(batch.running) if batch.mixed else 0
+        if is_dec.any():
+            ext, dec_in = int(ext_a[~is_dec].sum()), int(is_dec.sum())
+            rows = query_rows(Mode.EXTEND, n, np.where(is_dec, 1, ext_a), 0, None, d) + merged
+        else:                   # (no decode entry: every request's new tokens are its rows)
+            dec_in = 0
+            ext = query_rows(Mode.EXTEND, n, ext_a, 0, None, d)
+            rows = ext + merged
         bd = {"extend_tokens": ext, "decode_rows_in_forward": dec_in, "merged_running_decodes": merged}
-        rows = query_rows(Mode.EXTEND, n, np.where(is_dec, 1, ext_a), 0, None, d) + merged
     elif mode.is_decode():
         rows = query_rows(mode, n, None, 0, None, d)
         bd = {"decode_requests": rows}

@@ -408,12 +408,9 @@ def sglang_decision(batch: Any, checker) -> bool | None | object:
 
 
 # ----------------------------------------------------------------------------------- vLLM
-def _vllm_requests(out: Any) -> tuple[dict, dict]:
-    """``({request id: num_computed_tokens}, {request id: done prefilling})`` of the scheduled
-    requests: new requests (``NewRequestData``: done when ``num_computed_tokens`` reaches the prompt
-    length) and cached ones (``CachedRequestData``'s parallel ``req_ids`` / ``num_computed_tokens`` /
-    ``num_output_tokens`` lists: done once it has output tokens; older releases: a list of objects
-    with ``req_id`` and ``num_computed_tokens``)."""
+def _vllm_new_requests(out: Any) -> tuple[dict, dict]:
+    """``({request id: num_computed_tokens}, {request id: done prefilling})`` of the step's new
+    requests (``NewRequestData``: done when ``num_computed_tokens`` reaches the prompt length)."""
     computed: dict = {}
     done: dict = {}
     for r in out.scheduled_new_reqs or ():
@@ -423,6 +420,15 @@ def _vllm_requests(out: Any) -> tuple[dict, dict]:
             prompt = getattr(r, "prompt_token_ids", None)
             plen = len(prompt) if prompt is not None else 0
         done[r.req_id] = plen > 0 and r.num_computed_tokens >= plen
+    return computed, done
+
+
+def _vllm_requests(out: Any) -> tuple[dict, dict]:
+    """``({request id: num_computed_tokens}, {request id: done prefilling})`` of the scheduled
+    requests: new requests (:func:`_vllm_new_requests`) and cached ones (``CachedRequestData``'s
+    parallel ``req_ids`` / ``num_computed_tokens`` / ``num_output_tokens`` lists: done once it has
+    output tokens; older releases: a list of objects with ``req_id`` and ``num_computed_tokens``)."""
+    computed, done = _vllm_new_requests(out)
     cached = getattr(out, "scheduled_cached_reqs", None)
     if cached is None:
         return computed, done
@@ -492,23 +498,22 @@ def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
     return drafts
 
 
-def _vllm_all_done(out: Any, rids: list) -> list | None:
-    """The ``num_computed_tokens`` of the scheduled requests, in ``rids``' order, when the step needs
-    no reorder: no new request, and the cached requests' parallel lists name exactly ``rids`` in that
-    order, every one with output tokens (done prefilling) and computed tokens. None otherwise
-    (the general reading, :func:`_vllm_requests`, then reads the step and says what is wrong with it)."""
-    if out.scheduled_new_reqs:
-        return None
+def _vllm_done_lead(out: Any, rids: list) -> list | None:
+    """The ``num_computed_tokens`` of the step's cached requests when they lead the scheduled ones:
+    their parallel lists name ``rids``' first requests, in that order (vLLM schedules the running
+    requests before the new ones), every one with output tokens (done prefilling) and computed
+    tokens, so the reorder keeps them first and in order. None otherwise (the general reading,
+    :func:`_vllm_requests`, then reads every request and says what is wrong with the step)."""
     cached = getattr(out, "scheduled_cached_reqs", None)
     ids = getattr(cached, "req_ids", None)
-    if ids.__class__ is not list or ids != rids:
+    if ids.__class__ is not list or not ids or len(ids) > len(rids) or ids != rids[:len(ids)]:
         return None
     nums, outs = getattr(cached, "num_computed_tokens", None), getattr(cached, "num_output_tokens", None)
     if nums.__class__ is not list or outs.__class__ is not list or len(nums) != len(ids) or len(outs) != len(ids):
         return None
     try:
-        # (for a real number x, int(x) > 0 exactly when x >= 1: every request done prefilling; and
-        # every one with computed tokens, so none is moved by the reorder)
+        # (for a real number x, int(x) > 0 exactly when x >= 1: every one done prefilling; and every
+        # one with computed tokens)
         if min(outs) >= 1 and min(nums) >= 1:
             return nums
     except TypeError:
@@ -533,24 +538,30 @@ def vllm_lists(out: Any, checker) -> dict | None:
     rids, toks = _vllm_tokens(out)
     if not rids:
         return None
-    prefix = _vllm_all_done(out, rids)
-    if prefix is not None:          # (the common step: the requests scheduled before, in their order)
-        _vllm_spec(out, rids, toks)
+    n = len(rids)
+    lead = _vllm_done_lead(out, rids)
+    if lead is not None:            # (the common step: the requests scheduled before lead, done, in order)
+        k = len(lead)
+        computed, done = _vllm_new_requests(out)
     else:
+        k, lead = 0, []
         computed, done = _vllm_requests(out)
-        missing = [r for r in rids if r not in computed]
-        if missing:
-            raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
-                             f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
-        drafts = _vllm_spec(out, rids, toks)
-        if getattr(checker, "vllm_steps", False):
-            # the reorder's first region: requests with computed tokens that are done prefilling
-            first = [i for i, r in enumerate(rids) if (done.get(r) or r in drafts) and computed[r] > 0]
-            if first and len(first) < len(rids) and first[-1] != len(first) - 1:   # (else already in order)
-                lead = set(first)
-                order = first + [i for i in range(len(rids)) if i not in lead]
-                rids, toks = [rids[i] for i in order], [toks[i] for i in order]
-        prefix = [computed[r] for r in rids]
+    rest = rids[k:] if k else rids
+    missing = [r for r in rest if r not in computed]
+    if missing:
+        raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
+                         f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
+    drafts = _vllm_spec(out, rids, toks)
+    if k < n and getattr(checker, "vllm_steps", False):
+        # the reorder's first region: requests with computed tokens that are done prefilling (the
+        # first k are), then the others, each region in order
+        first = [i for i in range(k, n) if (done.get(rids[i]) or rids[i] in drafts) and computed[rids[i]] > 0]
+        if first and k + len(first) < n and first[-1] != k + len(first) - 1:   # (else already in order)
+            moved = set(first)
+            order = [*range(k), *first, *(i for i in range(k, n) if i not in moved)]
+            rids, toks = [rids[i] for i in order], [toks[i] for i in order]
+            rest = rids[k:]
+    prefix = lead + [computed[r] for r in rest] if k < n else lead
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     prefix = column(prefix, "num_computed_tokens", 0, MAX_POSITION, len(toks))
     ids = RequestIds(rids, plain=True)      # (read when the report names a request)
