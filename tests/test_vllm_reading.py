@@ -13,7 +13,7 @@ generated steps that cover the shortcut's every
 condition and both sides of each: new requests or none, after the cached ones or before them; ``req_ids`` in the scheduled order,
 permuted, longer, shorter or repeated; output counts 0, 1, 7, 0.5, 1.5, ``True`` and ``"7"``;
 computed counts 0, 1 and 300; parallel lists of wrong lengths, tuples, numpy arrays or missing;
-draft tokens, valid and for requests not scheduled; totals that do not add up. The steps are plain
+draft tokens, valid, as many as a request's scheduled tokens and for requests not scheduled; totals that do not add up. The steps are plain
 namespaces with vLLM 0.33.0's attribute names (stand-ins: no vLLM install is needed), and, where the
 release's wheel is there (``tests/vllm_release.py``), its real ``SchedulerOutput`` and
 ``CachedRequestData`` too.
@@ -91,6 +91,9 @@ def steps(draw):
     spec = {r: [0] * drafts for r in tokens if r in ids} if drafts else {}
     if drafts and draw(st.booleans()):
         spec["not-scheduled"] = [0]
+    if spec and draw(st.integers(0, 3)) == 0:      # (as many drafts as scheduled tokens: refused)
+        victim = draw(st.sampled_from(sorted(r for r in spec if r in tokens)))
+        spec[victim] = [0] * tokens[victim]
     total = sum(tokens.values()) + draw(st.sampled_from([0, 0, 0, 1]))
     return dict(ids=cached_ids, nums=nums_v, outs=outs_v, new=new, tokens=tokens, spec=spec, total=total)
 
@@ -149,8 +152,12 @@ def test_the_shortcut_reads_as_the_general_reading(engine, s, monkeypatch):
     for make in makers:
         got = _read(make(s), guard, True, monkeypatch)
         assert got == _read(make(s), guard, False, monkeypatch)
+        # drafts for a request not scheduled, or as many as its scheduled tokens: refused
+        bad_drafts = any(r not in s["tokens"] or len(d) >= s["tokens"][r] for r, d in s["spec"].items())
         if got[0] == "ok":
-            assert got[1] == _expected(s, guard.vllm_steps)
+            assert not bad_drafts and got[1] == _expected(s, guard.vllm_steps)
+        else:
+            assert got[0] == "error"
 
 
 def test_the_common_step_takes_the_shortcut_and_others_do_not(monkeypatch):

@@ -466,9 +466,10 @@ def _vllm_tokens(out: Any) -> tuple[list, list]:
     return rids, toks
 
 
-def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
+def _vllm_spec(out: Any, rids: list, toks: list, counts: bool = True) -> dict | None:
     """``{request id: draft tokens}`` of ``scheduled_spec_decode_tokens`` (they are part of the
-    request's ``num_scheduled_tokens``: one verified token plus the drafts)."""
+    request's ``num_scheduled_tokens``: one verified token plus the drafts), checked against the
+    scheduled tokens; ``counts=False``: only checked (None when they are valid)."""
     spec = getattr(out, "scheduled_spec_decode_tokens", None) or {}
     if not hasattr(spec, "items"):
         raise InputError("scheduled_spec_decode_tokens", f"expected a mapping of request id -> token ids, "
@@ -476,6 +477,17 @@ def _vllm_spec(out: Any, rids: list, toks: list) -> dict:
     drafts: dict = {}
     if not spec:
         return drafts
+    if spec.__class__ is dict and len(spec) <= len(rids):
+        keys = list(spec)
+        if keys == rids[:len(keys)]:
+            # (the drafted requests lead the scheduled ones, in order, as vLLM lists them: each count
+            # against its request's scheduled tokens, in C passes; the loop below names a failure)
+            try:
+                n_drafts = list(map(len, spec.values()))
+                if not any(map(ge, n_drafts, toks)):
+                    return dict(zip(keys, n_drafts)) if counts else None
+            except TypeError:
+                pass
     sched = dict(zip(rids, toks))
     if spec.__class__ is dict and spec.keys() <= sched.keys():
         # (every drafted request scheduled: the counts, and their check against the scheduled tokens,
@@ -521,8 +533,10 @@ def _vllm_done_lead(out: Any, rids: list) -> list | None:
     return None
 
 
-def _vllm_mode(toks: list, prefix: list) -> Mode:
-    if max(toks) == 1 and min(toks) == 1 and min(prefix) > 0:
+def _vllm_mode(toks: list, prefix: list, computed: bool = False) -> Mode:
+    """Decode when every request (``toks``, validated ints) has one token on top of computed ones
+    (``computed``: every prefix is known to be above 0)."""
+    if toks.count(1) == len(toks) and (computed or min(prefix) > 0):
         return Mode.DECODE
     return Mode.EXTEND
 
@@ -551,8 +565,9 @@ def vllm_lists(out: Any, checker) -> dict | None:
     if missing:
         raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
                          f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
-    drafts = _vllm_spec(out, rids, toks)
-    if k < n and getattr(checker, "vllm_steps", False):
+    reorder = k < n and getattr(checker, "vllm_steps", False)
+    drafts = _vllm_spec(out, rids, toks, reorder)
+    if reorder:
         # the reorder's first region: requests with computed tokens that are done prefilling (the
         # first k are), then the others, each region in order
         first = [i for i in range(k, n) if (done.get(rids[i]) or rids[i] in drafts) and computed[rids[i]] > 0]
@@ -565,7 +580,7 @@ def vllm_lists(out: Any, checker) -> dict | None:
     toks = column(toks, "num_scheduled_tokens", 0, MAX_TOKENS, None)
     prefix = column(prefix, "num_computed_tokens", 0, MAX_POSITION, len(toks))
     ids = RequestIds(rids, plain=True)      # (read when the report names a request)
-    if _vllm_mode(toks, prefix).is_decode():
+    if _vllm_mode(toks, prefix, k == n).is_decode():
         return {"forward_mode": Mode.DECODE.value, "rids": ids, "seq_lens": [p + 1 for p in prefix]}
     return {"forward_mode": Mode.EXTEND.value, "rids": ids, "extend_lens": toks, "prefix_lens": prefix}
 
