@@ -212,3 +212,24 @@ def test_decode_row_lengths_are_each_requests_rows_in_order(computed, d, broadca
     want = [computed[i] + j + 1 for i in range(nd) for j in range(int(q[i]))]
     got = step.decode_row_lengths()
     assert got.dtype == np.int64 and got.tolist() == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 600), st.sampled_from([0, 0, 1, 300])), min_size=1, max_size=30),
+       st.sampled_from([1, 4, 128]), st.booleans())
+def test_the_split_orders_requests_by_region_keeping_their_order(reqs, threshold, uniform):
+    """vLLM's reorder, first principles: requests with computed tokens and at most ``threshold``
+    query tokens, then those with computed tokens and more, then those with none, each region in
+    the step's order (a Python stable sort here); a step already in that order is kept as it is."""
+    from validate_batch.engines.vllm_steps import split_step
+
+    q = np.array([t for t, _ in reqs], dtype=np.int64)
+    c = np.array([comp for _, comp in reqs], dtype=np.int64)
+
+    def region(i):
+        return 2 if reqs[i][1] == 0 else (1 if reqs[i][0] > threshold else 0)
+
+    order = sorted(range(len(reqs)), key=region)
+    step = split_step(q, c, threshold, uniform)
+    assert step.query.tolist() == [reqs[i][0] for i in order]
+    assert step.computed.tolist() == [reqs[i][1] for i in order]

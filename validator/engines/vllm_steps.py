@@ -156,8 +156,11 @@ def split_step(query: np.ndarray, computed, threshold: int, uniform: bool) -> Vl
         return VllmStep(query, computed, n if q0 <= threshold else 0, threshold)
     computed = computed() if callable(computed) else computed
     region = np.where(computed == 0, 2, np.where(query > threshold, 1, 0))
-    order = np.argsort(region, kind="stable")
-    q, c = query[order], computed[order]
+    if n < 2 or bool((region[1:] >= region[:-1]).all()):
+        q, c = query, computed         # (already in region order: the stable sort keeps it)
+    else:
+        order = np.argsort(region, kind="stable")
+        q, c = query[order], computed[order]
     if n == 0:
         nd = 0
     elif int(q.max()) <= threshold and (not uniform or threshold <= 1):

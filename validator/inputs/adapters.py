@@ -466,38 +466,27 @@ def _vllm_tokens(out: Any) -> tuple[list, list]:
     return rids, toks
 
 
-def _vllm_spec(out: Any, rids: list, toks: list, counts: bool = True) -> dict | None:
-    """``{request id: draft tokens}`` of ``scheduled_spec_decode_tokens`` (they are part of the
-    request's ``num_scheduled_tokens``: one verified token plus the drafts), checked against the
-    scheduled tokens; ``counts=False``: only checked (None when they are valid)."""
+def _vllm_spec(out: Any, rids: list, toks: list) -> Any:
+    """``scheduled_spec_decode_tokens`` (request id -> draft token ids, part of the request's
+    ``num_scheduled_tokens``: one verified token plus the drafts), checked: every drafted request
+    is scheduled, with fewer drafts than its scheduled tokens."""
     spec = getattr(out, "scheduled_spec_decode_tokens", None) or {}
     if not hasattr(spec, "items"):
         raise InputError("scheduled_spec_decode_tokens", f"expected a mapping of request id -> token ids, "
                                                          f"got {type(spec).__name__}")
-    drafts: dict = {}
     if not spec:
-        return drafts
+        return spec
     if spec.__class__ is dict and len(spec) <= len(rids):
         keys = list(spec)
         if keys == rids[:len(keys)]:
             # (the drafted requests lead the scheduled ones, in order, as vLLM lists them: each count
             # against its request's scheduled tokens, in C passes; the loop below names a failure)
             try:
-                n_drafts = list(map(len, spec.values()))
-                if not any(map(ge, n_drafts, toks)):
-                    return dict(zip(keys, n_drafts)) if counts else None
+                if not any(map(ge, map(len, spec.values()), toks)):
+                    return spec
             except TypeError:
                 pass
     sched = dict(zip(rids, toks))
-    if spec.__class__ is dict and spec.keys() <= sched.keys():
-        # (every drafted request scheduled: the counts, and their check against the scheduled tokens,
-        # in C passes; the loop below names the first request that fails)
-        try:
-            counts = list(map(len, spec.values()))
-            if not any(map(ge, counts, map(sched.__getitem__, spec))):
-                return dict(zip(spec, counts))
-        except TypeError:
-            pass
     for rid, ids in spec.items():
         k = len(ids)
         if rid not in sched:
@@ -506,8 +495,7 @@ def _vllm_spec(out: Any, rids: list, toks: list, counts: bool = True) -> dict | 
         if k >= sched[rid]:
             raise InputError(f"scheduled_spec_decode_tokens[{rid!r}]",
                              f"expected fewer than num_scheduled_tokens ({sched[rid]}) draft tokens, got {k}")
-        drafts[rid] = k
-    return drafts
+    return spec
 
 
 def _vllm_done_lead(out: Any, rids: list) -> list | None:
@@ -565,9 +553,8 @@ def vllm_lists(out: Any, checker) -> dict | None:
     if missing:
         raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
                          f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
-    reorder = k < n and getattr(checker, "vllm_steps", False)
-    drafts = _vllm_spec(out, rids, toks, reorder)
-    if reorder:
+    drafts = _vllm_spec(out, rids, toks)
+    if k < n and getattr(checker, "vllm_steps", False):
         # the reorder's first region: requests with computed tokens that are done prefilling (the
         # first k are), then the others, each region in order
         first = [i for i in range(k, n) if (done.get(rids[i]) or rids[i] in drafts) and computed[rids[i]] > 0]
