@@ -49,7 +49,6 @@ from enum import Enum
 from operator import attrgetter, ge
 from typing import Any
 
-from .. import _accel
 from ..errors import InputError
 from ..facts.fields import MAX_POSITION, MAX_TOKENS, column, ints_within, list_column_top
 from ..facts.modes import Mode
@@ -443,11 +442,7 @@ def _vllm_requests(out: Any) -> tuple[dict, dict]:
             outs = _as_list(outs, "scheduled_cached_reqs.num_output_tokens")
             if len(outs) != len(ids):
                 raise InputError("scheduled_cached_reqs", f"{len(ids)} req_ids but {len(outs)} num_output_tokens")
-            c = _accel.compiled
-            if c is not None and outs.__class__ is list and c.int_stats(outs, 0, MAX_POSITION) is not None:
-                done.update(zip(ids, map(bool, outs)))      # (plain ints >= 0: above 0 exactly when true)
-            else:
-                done.update((i, int(o) > 0) for i, o in zip(ids, outs))
+            done.update((i, int(o) > 0) for i, o in zip(ids, outs))
     else:
         for c in cached:
             computed[c.req_id] = c.num_computed_tokens
