@@ -17,7 +17,10 @@ row count in ``quiet_rules``. Held here to:
 * the full check: with and without the skipping, DeepSeek-V4 steps at every edge - 1, edge and
   edge + 1 (and some random ones) get the same findings, codes, messages and legality, on several
   builds and GPUs, for both profiles; vLLM's decode calls also find what plans built from scratch
-  find, with the same length ranges.
+  find, with the same length ranges;
+* sparse-prefill shapes (the profiles' ``flash_mla_sparse_fwd`` calls, whose rows are ``s_q``): the
+  same promise on every build and GPU, the skipping against plans from scratch at sampled ``s_q``,
+  and both profiles' prefill calls against the kernel calls written out from their sources.
 """
 from __future__ import annotations
 
@@ -243,3 +246,118 @@ def test_the_vllm_profile_skips_as_the_sglang_one_and_plans_as_from_scratch(gpu,
                 assert (fresh.implementation.name, fresh.num_sm_parts) == (c.plan.implementation.name, c.plan.num_sm_parts)
                 assert sorted(f.message for f in check_plan(fresh)) == sorted(f.message for f in check_plan(c.plan))
     assert any(skipped), "the check skipped rows rules"
+
+
+# ------------------------------------------------------------------ sparse-prefill call shapes
+PREFILL_SHAPES = [(64, 512, 512), (64, 512, 640), (128, 512, 1024), (32, 512, 512), (64, 576, 2048)]
+
+
+def _prefill_samples(edge: int, rng: random.Random) -> list[int]:
+    near = [edge - 1, edge, edge + 1] if 0 < edge < MAX_ROWS else []
+    return sorted({b for b in [1, 2, 3, 64, 200_000, MAX_ROWS, *near, *(1 << k for k in range(0, 25, 3)),
+                               *(rng.randint(1, MAX_ROWS) for _ in range(3))] if 1 <= b <= MAX_ROWS})
+
+
+def test_prefill_shapes_keep_the_promise_and_skip_only_silent_rules():
+    """The DeepSeek-V4 profiles plan their ``flash_mla_sparse_fwd`` calls from a shape of one query row
+    (``prefill_shape_plan``) and skip what ``QuietRules`` says is silent at the step's ``s_q``. On every
+    build and GPU, for several prefill shapes: every rows rule is silent on plans built from scratch by
+    ``plan()`` exactly up to its edge, and at every sampled ``s_q`` the rules run with the skipping find
+    what every rule finds on the plan from scratch."""
+    from validate_batch.api import check_plan
+    from validate_batch.flashmla.calls import SparsePrefillCall
+
+    rng = random.Random(20261204)
+    rules = rows_rules()
+    seen = skipped = 0
+    for build in build_names():
+        for gpu in gpu_names():
+            for h_q, d_qk, topk in PREFILL_SHAPES:
+                shape = dsv4_shapes.prefill_shape_plan(gpu_by_name(gpu), build, h_q, d_qk, topk, "x prefill")
+                assert shape.call == SparsePrefillCall(s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, label="x prefill")
+                edges = dsv4_shapes.rows_edges(shape, revision())
+                quiet = dsv4_shapes.QuietRules(shape, False, False)
+                for b in sorted({b for e in edges.values() for b in _prefill_samples(e, rng)}):
+                    fresh = plan(SparsePrefillCall(s_q=b, h_q=h_q, d_qk=d_qk, topk=topk, label="x prefill"), gpu, build)
+                    for r in rules:
+                        assert (not r.func(fresh)) is (b <= edges[r.code]), (build, gpu, h_q, topk, r.code, b)
+                    fast = dsv4_shapes.step_plan(shape, b, None, None, None, None, quiet.at(b))
+                    assert fast.call == fresh.call and fast.gen is fresh.gen
+                    assert sorted((f.code, f.message) for f in check_plan(fast)) == \
+                        sorted((f.code, f.message) for f in check_plan(fresh)), (build, gpu, h_q, topk, b)
+                    seen += 1
+                    skipped += len(quiet.at(b))
+    assert seen >= 1000 and skipped, (seen, skipped)
+    with pytest.raises(ValueError):         # a prefill call has no per-row length arrays
+        SparsePrefillCall(s_q=4, h_q=64).with_rows(8, [1] * 8, None)
+
+
+def _scratch_prefill_findings(dc, gpu, build):
+    from validate_batch.api import check_plan
+    from validate_batch.flashmla.calls import SparsePrefillCall
+
+    c = dc.call
+    fresh = plan(SparsePrefillCall(s_q=c.s_q, h_q=c.h_q, d_qk=c.d_qk, topk=c.topk, label=c.label), gpu, build)
+    return sorted((f.code, f.message) for f in check_plan(fresh))
+
+
+@pytest.mark.parametrize("gpu,build", VLLM_CONFIGS)
+def test_vllm_prefill_calls_are_the_kernel_calls_from_first_principles(gpu, build):
+    """vLLM 0.33's DeepSeek-V4 prefill (models/deepseek_v4/nvidia/flashmla.py:316, :390): one
+    ``flash_mla_sparse_fwd`` call per layer type over the step's prefill tokens, its index width
+    the window's top-k plus the layer's compressed top-k, rounded up to a multiple of 128. Each derived
+    call is that call, and finds what a plan built from scratch finds."""
+    from types import SimpleNamespace
+
+    from validate_batch.facts.knowledge import load
+
+    dflt = load("engines")["profiles"]["vllm-dsv4"]["defaults"]
+    ctx = dflt["context_length"]
+    c128 = -(-(-(-ctx // 128)) // 64) * 64          # ceil(ctx / 128) rounded up to 64
+    want_topk = sorted(-(-(dflt["swa_topk"] + e) // 128) * 128 for e in (0, dflt["c4_extra_topk"], c128))
+    chk = Checker(engine="vllm-dsv4", gpu=gpu, build=build, server_args={"num_speculative_tokens": 1})
+    rng = random.Random(5)
+    for rows in (3, 4, 127, 128, 4000, rng.randint(5, 60000), 200_000):   # (above the 2-token decode threshold)
+        # a SchedulerOutput-shaped stand-in (vLLM 0.33's attribute names; the release's own class is
+        # read in tests/test_vllm_reading.py): three running decodes of 2 tokens and one new prefill
+        ids = ["d0", "d1", "d2"]
+        step = SimpleNamespace(
+            scheduled_new_reqs=[SimpleNamespace(req_id="p", prompt_token_ids=list(range(rows + 5)), num_computed_tokens=0)],
+            scheduled_cached_reqs=SimpleNamespace(req_ids=ids, num_computed_tokens=[900, 901, 902], num_output_tokens=[3] * 3),
+            num_scheduled_tokens={**{i: 2 for i in ids}, "p": rows}, total_num_scheduled_tokens=6 + rows,
+            scheduled_spec_decode_tokens={i: [0] for i in ids})
+        r = chk.check(step)
+        pre = [c for c in r.batch_plan.calls if c.route == "sparse_prefill"]
+        assert sorted(c.call.topk for c in pre) == want_topk, (gpu, build, rows)
+        for c in pre:
+            assert (c.call.s_q, c.call.h_q, c.call.d_qk) == (rows, dflt["h_q"], dflt["d_qk"])
+            assert c.name == c.call.label and c.call.label.endswith(" prefill")
+            mine = sorted((f.code, f.message) for f in r.findings if c.name in f.subject)
+            assert [m for m in mine if m[0].startswith("FMLA")] == \
+                [f for f in _scratch_prefill_findings(c, gpu, build or "vllm-0.33")], (gpu, build, rows)
+
+
+@pytest.mark.parametrize("build", [None, "flashmla-9241ae3", "sgl-flash-mla-1.0.0"])
+def test_sglang_routed_prefill_calls_are_the_kernel_calls_from_first_principles(build):
+    """SGLang 0.5.23's DeepSeek-V4 backend with its sparse-prefill switch on (the release's default)
+    sends an extend forward to ``flash_mla_sparse_fwd``: one call per compression ratio over the
+    forward's tokens, its index width the window's top-k plus the ratio's compressed top-k (no
+    rounding). Each derived call is that call, and finds what a plan built from scratch finds."""
+    import validate_batch
+    from validate_batch.facts.knowledge import load
+
+    dflt = load("engines")["profiles"]["sglang-dsv4"]["defaults"]
+    ctx = dflt["context_length"]
+    c128 = -(-(-(-ctx // 128)) // 64) * 64
+    want_topk = sorted(dflt["swa_topk"] + e for e in (0, dflt["c4_extra_topk"], c128))
+    for rows in (1, 2, 4096, 11623, 60000):
+        doc = {"engine": "sglang-dsv4@0.5.23", "gpu": "H200", "forward_mode": "extend", "as_written": True,
+               "server_args": {"chunked_prefill_size": 1 << 20, "max_prefill_tokens": 1 << 20},
+               "requests": [{"id": "p", "extend_tokens": rows, "prefix_len": 0}]}
+        r = validate_batch.check(doc, build=build)
+        pre = [c for c in r.batch_plan.calls if c.route == "sparse_prefill"]
+        assert sorted(c.call.topk for c in pre) == want_topk, (build, rows)
+        for c in pre:
+            assert (c.call.s_q, c.call.d_qk) == (rows, dflt["d_qk"]) and c.name == c.call.label
+            mine = sorted((f.code, f.message) for f in r.findings if c.name in f.subject and f.code.startswith("FMLA"))
+            assert mine == _scratch_prefill_findings(c, "H200", build or r.context["kernel_build"]), (build, rows)

@@ -12,13 +12,12 @@ from functools import lru_cache
 from ..inputs.batch import Batch, request_arrays, request_contexts
 from ..errors import InputError, NotModelled
 from ..facts.fields import min_max, positive_int
-from ..flashmla.calls import MAX_ROWS, SparsePrefillCall
-from ..flashmla.plan import plan
+from ..flashmla.calls import MAX_ROWS
 from .forward import draft_tokens, forward_rows
 from ..facts.knowledge import load
 from ..facts.modes import Mode
 from .base import BatchPlan, DerivedCall, Profile
-from .shapes import QuietRules, ratio_lengths, shape_plan, step_plan
+from .shapes import QuietRules, prefill_shape_plan, ratio_lengths, shape_plan, step_plan
 from .rules import precompute_for, precompute_formula, precompute_releases, release_tuple
 from .versions import resolve_version
 from .._numpy import numpy_on_first_use
@@ -98,8 +97,9 @@ class Dsv4Setup:
     # per compression ratio: (name, ratio, extra_topk or None, shape plan, silent shape-only rules
     # with per-row lengths, and without)
     calls: tuple
-    # the same calls as sparse-prefill plans, for forwards routed to flash_mla_sparse_fwd: (name, topk)
-    prefill_topk: tuple
+    # the same calls as sparse-prefill calls, for forwards routed to flash_mla_sparse_fwd: (shape plan,
+    # the rules its calls skip)
+    prefill: tuple
     draft_tokens: int
     version: str
     kernel: str | None          # the FlashMLA build the calls run on
@@ -141,7 +141,8 @@ def _setup(gpu, build: str | None, h_q: int, context_length: int, threshold: int
         shape = shape_plan(gpu, build, h_q, d_qk, topk, extra_topk, dflt["page"], extra_page, spec["name"], use_legacy)
         calls.append((spec["name"], r, extra_topk, shape, QuietRules(shape, True, extra_topk is not None),
                       QuietRules(shape, False, False)))
-        prefill.append((spec["name"], topk + (extra_topk or 0)))
+        pre = prefill_shape_plan(gpu, build, h_q, d_qk, topk + (extra_topk or 0), spec["name"])
+        prefill.append((pre, QuietRules(pre, False, False)))
     pre = None
     if precompute is not None:
         pre = (_precompute_data(precompute), max(gpu.num_sms // 1, 1))   # num_sm_parts = SMs // s_q, and s_q is 1
@@ -463,9 +464,9 @@ class Dsv4Profile(Profile):
                                               "release": setup.precompute[0]["release"]}
         tail = setup.tail_tokens is not None and mode.is_routable()
         if routed:
-            for name, topk in setup.prefill_topk:
-                call = SparsePrefillCall(s_q=rows, h_q=setup.h_q, d_qk=dflt["d_qk"], topk=topk, label=name)
-                bp.calls.append(DerivedCall(name, call, plan(call, batch.gpu, setup.kernel), "sparse_prefill"))
+            for shape, quiet in setup.prefill:
+                p = step_plan(shape, rows, None, None, None, None, quiet.at(rows))
+                bp.calls.append(DerivedCall(p.call.label, p.call, p, "sparse_prefill"))
             if tail:
                 self._tail_call(batch, setup, bp, memo)
             return

@@ -7,6 +7,9 @@ calls are that plan with their rows put in (:func:`step_plan`). What a shape's c
 of the rules once per shape (:class:`QuietRules`): the shape-only rules that find nothing for it,
 and the rows rules up to the rows at which each starts to find something.
 
+A sparse-prefill call (``flash_mla_sparse_fwd``) of these profiles is planned the same way: its
+shape is the call of one query row (:func:`prefill_shape_plan`), its rows are ``s_q``.
+
 A one-shot check of any sparse decode call (``validate_batch.check(record)``) takes its plan from
 the same pieces (:func:`call_plan`): the plan of the call's shape, made once per shape, with the
 call put in, carrying the shape-only rules silent for the shape.
@@ -18,7 +21,7 @@ from functools import lru_cache
 
 from ..errors import InputError
 from ..facts.knowledge import generation
-from ..flashmla.calls import MAX_ROWS, DecodeCall
+from ..flashmla.calls import MAX_ROWS, DecodeCall, SparsePrefillCall
 from ..flashmla.plan import Plan, plan
 from ..legality.ruleset import STATE as RULES
 from ..legality.ruleset import rows_rules, shape_rules, silent_rows
@@ -34,6 +37,14 @@ def shape_plan(gpu, build: str | None, h_q: int, d_qk: int, topk: int, extra_top
     configuration; a step's calls of this shape reuse it (:func:`step_plan`)."""
     return plan(DecodeCall(kind="sparse", b=1, s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, extra_topk=extra_topk,
                            page=page, extra_page=extra_page, label=label, use_legacy=use_legacy), gpu, build)
+
+
+@lru_cache(maxsize=1024)
+def prefill_shape_plan(gpu, build: str | None, h_q: int, d_qk: int, topk: int, label: str) -> Plan:
+    """The plan of one sparse-prefill call shape (a call of one query row), computed once per
+    configuration; a step's prefill calls of this shape are it with their ``s_q`` put in
+    (:func:`step_plan` with no length arrays)."""
+    return plan(SparsePrefillCall(s_q=1, h_q=h_q, d_qk=d_qk, topk=topk, label=label), gpu, build)
 
 
 @lru_cache(maxsize=1024)

@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from ..errors import InputError, NotModelled
 from ..inputs.batch import Batch
 from ..facts.fields import min_max, positive_int
-from ..flashmla.calls import SparsePrefillCall
-from ..flashmla.plan import plan
 from .base import BatchPlan, DerivedCall
-from .shapes import QuietRules, ratio_lengths, shape_plan, step_plan
+from .shapes import QuietRules, prefill_shape_plan, ratio_lengths, shape_plan, step_plan
 from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
 from .._numpy import numpy_on_first_use
 
@@ -36,6 +34,8 @@ class VllmDsv4Setup:
     page: int
     kernel: str | None
     max_rows: int
+    # per layer type: its sparse-prefill shape plan and the rules its calls skip
+    prefill: tuple = ()
 
 
 def _heads(batch: Batch, dflt: dict) -> int:
@@ -95,7 +95,8 @@ class VllmDsv4Profile(VllmProfile):
                            "server_args.context_length")
         c128_width = -(-(-(-ctx // 128)) // 64) * 64
         h_q = _heads(batch, dflt)
-        calls = []
+        mult = int(version["prefill_topk_multiple"])
+        calls, prefill = [], []
         for spec in prof["calls"]:
             r = spec["ratio"]
             extra = {4: (dflt["c4_extra_topk"], dflt["c4_extra_page"]), 128: (c128_width, dflt["c128_extra_page"])}
@@ -105,8 +106,12 @@ class VllmDsv4Profile(VllmProfile):
                                extra_page, spec["name"])
             calls.append((spec["name"], r, extra_topk, extra_page, shape, QuietRules(shape, True, extra_topk is not None),
                           QuietRules(shape, False, False)))
+            # the layer type's prefill call: its index width rounded up to the kernel's multiple
+            topk = -(-(dflt["swa_topk"] + (extra_topk or 0)) // mult) * mult
+            pre = prefill_shape_plan(batch.gpu, build, h_q, dflt["d_qk"], topk, f"{spec['name']} prefill")
+            prefill.append((pre, QuietRules(pre, False, False)))
         return VllmDsv4Setup(h_q, 1 + num_speculative_tokens(batch), tuple(calls), dflt["d_qk"], dflt["swa_topk"],
-                             dflt["page"], build, min(c[4].max_sched_rows for c in calls))
+                             dflt["page"], build, min(c[4].max_sched_rows for c in calls), tuple(prefill))
 
     def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, build, memo=None) -> None:
         s = setup
@@ -128,13 +133,11 @@ class VllmDsv4Profile(VllmProfile):
                     extra_len, ranges = ratio_lengths(lengths, lo, hi, tl_range, r, extra_topk)
                     p = step_plan(shape, b, tl, extra_len, memo, ranges, quiet.at(b))
                     bp.calls.append(DerivedCall(name, p.call, p, "decode_kernel"))
-        if step.prefill_tokens:
-            mult = int(version["prefill_topk_multiple"])
-            for name, r, extra_topk, *_ in s.calls:
-                topk = -(-(s.topk + (extra_topk or 0)) // mult) * mult
-                call = SparsePrefillCall(s_q=step.prefill_tokens, h_q=s.h_q, d_qk=s.d_qk, topk=topk,
-                                         label=f"{name} prefill")
-                bp.calls.append(DerivedCall(call.label, call, plan(call, batch.gpu, s.kernel), "sparse_prefill"))
+        rows = step.prefill_tokens
+        if rows:
+            for shape, quiet in s.prefill:
+                p = step_plan(shape, rows, None, None, None, None, quiet.at(rows))
+                bp.calls.append(DerivedCall(p.call.label, p.call, p, "sparse_prefill"))
 
     def bound_hints(self, setup: VllmDsv4Setup, bp: BatchPlan) -> dict:
         return {"max_rows": setup.max_rows, "threshold": None}

@@ -286,6 +286,18 @@ class SparsePrefillCall:
     def summary(self) -> str:
         return f"sparse prefill s_q={self.s_q} h_q={self.h_q} d_qk={self.d_qk} topk={self.topk}"
 
+    def with_rows(self, b: int, topk_length=None, extra_topk_length=None, ranges: dict | None = None) -> "SparsePrefillCall":
+        """This call with ``b`` query rows (``s_q``), every other field the same (the same interface as
+        :meth:`DecodeCall.with_rows`; a prefill call has no per-row length arrays, so none may be given).
+        The fields were validated when this call was made, so the copy skips the constructor."""
+        if topk_length is not None or extra_topk_length is not None or ranges is not None:
+            raise ValueError("a sparse prefill call has no per-row length arrays")
+        call = object.__new__(SparsePrefillCall)
+        fields = self.__dict__.copy()
+        fields["s_q"] = b
+        object.__setattr__(call, "__dict__", fields)
+        return call
+
 
 KernelCall = DecodeCall | SparsePrefillCall
 

@@ -400,7 +400,7 @@ class Plan:
             return f
         return replace(f, failure=own)
 
-    def for_call(self, call: DecodeCall, memo: WalkMemo | None, quiet_rules: frozenset) -> "Plan":
+    def for_call(self, call: KernelCall, memo: WalkMemo | None, quiet_rules: frozenset) -> "Plan":
         """This plan for another call of the same shape (``call.with_rows``): the same GPU,
         generation, implementation and partitions, which depend on the shape alone, so nothing
         is recomputed."""
@@ -417,7 +417,7 @@ class Plan:
         (:data:`SHAPE_FACTS`, computed once here)."""
         fields = {"gpu": self.gpu, "gen": self.gen, "implementation": self.implementation,
                   "num_sm_parts": self.num_sm_parts}
-        for name in SHAPE_FACTS:
+        for name in SHAPE_FACTS if self.is_decode else ("is_decode",):   # (the rest are decode-call facts)
             fields[name] = getattr(self, name)
         return fields
 
