@@ -15,6 +15,7 @@ and the same plan (implementation, partitions, shared memory, workspace, and the
   widths off and on the kernel's block, strides at 2^31 - 1 and 2^31, the scheduling op, the legacy
   kernels), each checked right after its base record and before it (each meeting the other's
   shape in the memo), then all in one shuffled sequence through one memo;
+* the public ``validate_batch.plan(record)``, which plans the call the same way, on all of the above;
 * a bad build name, refused as ``plan()`` refuses it and kept nowhere. (A shape-only rule added
   after a shape was planned runs on it: ``tests/test_rule_extension.py``.) (Facts changed after a shape was planned are seen by the next check:
   ``tests/test_flashmla_data.py`` changes the knowledge file's facts between checks of one shape.)
@@ -29,6 +30,7 @@ import pytest
 
 import validate_batch
 from conftest import oracle_path
+from validate_batch.api import check_plan
 from validate_batch.engines import shapes
 from validate_batch.facts.knowledge import build_names, gpu_names, resolve_gpu
 from validate_batch.flashmla.calls import DECODE_KEYS, call_from_record
@@ -82,12 +84,21 @@ def _assert_same(rec: dict, gpu: str, build, with_schedule: bool = False) -> boo
         with pytest.raises(validate_batch.InputError) as got:
             validate_batch.check(rec, gpu=gpu, build=build)
         assert got.value.field == e.field
+        with pytest.raises(validate_batch.InputError) as want:
+            plan(rec, gpu, build)               # the record planned from scratch
+        with pytest.raises(validate_batch.InputError) as got:
+            validate_batch.plan(rec, gpu=gpu, build=build)
+        assert (got.value.field, str(got.value)) == (want.value.field, str(want.value))
         return False
     report = validate_batch.check(rec, gpu=gpu, build=build)
     assert _findings(report.findings) == ref, (rec, gpu, build)
     assert report.legal == (not any(f[1] == "error" for f in ref))
     (p,) = report.plans
     assert _plan_facts(p, with_schedule) == _plan_facts(ref_plan, with_schedule), (rec, gpu, build)
+    # the public plan() plans the call as the one-shot check does: the same plan as from scratch
+    pub = validate_batch.plan(rec, gpu=gpu, build=build)
+    assert _plan_facts(pub, with_schedule) == _plan_facts(ref_plan, with_schedule), (rec, gpu, build)
+    assert _findings(check_plan(pub)) == ref, (rec, gpu, build)
     return bool(p.quiet_rules)
 
 
@@ -186,5 +197,8 @@ def test_a_bad_build_name_is_refused_as_plan_refuses_it_and_kept_nowhere(build):
     for _ in range(2):
         with pytest.raises(validate_batch.InputError) as got:
             validate_batch.check(rec, build=build)
+        assert (got.value.field, str(got.value)) == (want.value.field, str(want.value))
+        with pytest.raises(validate_batch.InputError) as got:
+            validate_batch.plan(rec, build=build)
         assert (got.value.field, str(got.value)) == (want.value.field, str(want.value))
     assert shapes._CALL_SHAPES == kept

@@ -10,7 +10,7 @@ from .errors import BatchIllegalError, InputError
 from .flashinfer import KINDS as FLASHINFER_KINDS
 from .flashmla import SUBJECT_KINDS as TENSOR_KINDS
 from .flashmla.calls import DecodeCall, KernelCall, SparsePrefillCall, call_from_record
-from .flashmla.plan import Plan, plan
+from .flashmla.plan import Plan
 from .facts.knowledge import GPU, resolve_gpu
 from .legality.pipeline import check_batch
 from .legality.report import Finding, Report
@@ -30,6 +30,16 @@ def _as_call(c: Any, where: str) -> KernelCall:
     if isinstance(c, Mapping):
         return call_from_record(c, where)
     raise InputError(where, f"expected a call record (JSON object) or a DecodeCall, got {type(c).__name__}")
+
+
+def plan(call: KernelCall | dict, gpu: Any = "H200", build: str | None = None) -> Plan:
+    """Plan one FlashMLA call: a :class:`DecodeCall` or :class:`SparsePrefillCall`, or an
+    oracle-format record (dict). A sparse decode call's plan comes from its shape's
+    (:func:`~validate_batch.engines.shapes.call_plan`): the same plan as one made from scratch
+    (:func:`validate_batch.flashmla.plan.plan`), with the shape's work done once."""
+    if isinstance(call, dict):
+        call = call_from_record(call)
+    return call_plan(call, resolve_gpu(gpu), build)
 
 
 def check_plan(p: Plan) -> list[Finding]:
