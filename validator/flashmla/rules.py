@@ -392,19 +392,20 @@ def sparse_heads(p: Plan):
     shapes = p.gen["sparse_shapes"]
     layouts = p.gen["kv_layouts"]
     heads = shapes["h_q"]
-    if c.h_q in heads and c.h_k in shapes["h_k"] and c.d_qk in layouts and c.d_v in shapes["d_v"]:
-        return None                     # (the common case: no finding, and no fix text to build)
+    bad = [(name, value, list(allowed)) for name, value, allowed in (
+        ("h_q", c.h_q, heads), ("h_k", c.h_k, shapes["h_k"]), ("d_qk", c.d_qk, layouts), ("d_v", c.d_v, shapes["d_v"]))
+        if value not in allowed]
+    if not bad:
+        return None                     # (the common case: no fix text to build)
     fails = shapes.get("failures", {})
     pad = next((h for h in sorted(heads) if h > c.h_q), max(heads))
     names = " or ".join(f"{rec['name']} ({d})" for d, rec in layouts.items())
-    checks = (("h_q", c.h_q, list(heads), f"pad heads to {pad}"),
-              ("h_k", c.h_k, list(shapes["h_k"]), "MLA sparse decode uses one KV head"),
-              ("d_qk", c.d_qk, list(layouts), f"use the {names} KV layout"),
-              ("d_v", c.d_v, list(shapes["d_v"]), f"head_dim_v must be {_or(shapes['d_v'])}"))
+    fixes = {"h_q": f"pad heads to {pad}", "h_k": "MLA sparse decode uses one KV head",
+             "d_qk": f"use the {names} KV layout", "d_v": f"head_dim_v must be {_or(shapes['d_v'])}"}
     return [sparse_heads.rule.finding(f"{name} expected {_or(allowed)}, got {value}", subject=_subject(p),
                                       numbers={"field": name, "value": value, "allowed": allowed},
-                                      fix=fix, failure=fails.get(name))
-            for name, value, allowed, fix in checks if value not in allowed]
+                                      fix=fixes[name], failure=fails.get(name))
+            for name, value, allowed in bad]
 
 
 @rule("FMLA006", facts=_facts(lambda p: _sparse(p) and p.call.d_qk == 576, 'kv_layouts'), shape_only=True, added=6,
