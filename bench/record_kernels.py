@@ -146,10 +146,10 @@ def probes(sgl: bool = True) -> list[tuple[str, dict, str]]:
     return [p for p in out if sgl or p[2] != "sgl"]
 
 
-def gap_probes() -> list[tuple[str, dict, str]]:
-    """Limits read from source or measured on another build only: probed on both H200 builds."""
+def gap_probes(providers=("sgl", "vllm")) -> list[tuple[str, dict, str]]:
+    """Limits read from source or measured on another build only: probed on each H200 build of ``providers``."""
     out = []
-    for pv in ("sgl", "vllm"):
+    for pv in providers:
         for h_q in (32, 64, 96, 128):
             out.append(("sparse_h_q", {"kind": "sparse", "b": 2, "s_q": 1, "h_q": h_q, "d_qk": 512, "topk": 128}, pv))
         for d_qk in (448, 512, 576):
@@ -292,6 +292,14 @@ def portable(provider: dict) -> dict:
     return out
 
 
+def vllm_build(providers) -> tuple[str, str]:
+    """The build name of the detected vLLM copy (``vllm-0.34``) and the fixtures' file prefix (``vllm034``),
+    from the version its wheel's metadata gives; vLLM 0.33's when none is detected."""
+    version = next((p.get("version") for p in providers if p.get("name") == "vllm" and p.get("version")), "0.33.0")
+    major, minor = (version.split(".") + ["0"])[:2]
+    return f"vllm-{major}.{minor}", f"vllm{int(major)}{int(minor):02d}"
+
+
 def write(path: Path, header: dict, rows: list[dict]) -> None:
     with path.open("w") as fh:
         fh.write(json.dumps(header) + "\n")
@@ -305,6 +313,7 @@ def main(argv=None) -> None:
     ap.add_argument("--vllm-flashmla", default=None)
     ap.add_argument("--sgl", action="store_true", help="also the sgl-flash-mla dense fp8 scheduler")
     ap.add_argument("--seed", type=int, default=20261201)
+    ap.add_argument("--date", default=time.strftime("%Y-%m-%d"), help="the header's date (default: today)")
     ap.add_argument("--calls", type=int, default=220)
     ap.add_argument("--backend", default=None)
     ap.add_argument("--timeout", type=float, default=120.0)
@@ -320,15 +329,16 @@ def main(argv=None) -> None:
     print("detect:", det.outcome, json.dumps(det.payload)[:2000], file=sys.stderr)
     dev = det.payload.get("device") or {}
     header = {"device": dev.get("name"), "num_sms": dev.get("num_sms"), "cc": dev.get("cc"),
-              "smem_optin": dev.get("smem_optin"), "torch": det.payload.get("torch"), "date": "2026-12-01",
+              "smem_optin": dev.get("smem_optin"), "torch": det.payload.get("torch"), "date": args.date,
               "providers": [portable(p) for p in det.payload.get("providers") or ()]}
+    vbuild, vtag = vllm_build(det.payload.get("providers") or ())
     only = set(filter(None, args.only.split(",")))
     sets = {
-        "sparse": ("vllm033_h200_sparse_cases.jsonl", lambda: random_calls(args.calls, args.seed, sparse_call), VLLM),
-        "dense": ("vllm033_h200_dense_cases.jsonl", lambda: random_calls(args.calls, args.seed + 1, dense_call), VLLM),
-        "dense_fp8": ("vllm033_h200_densefp8_cases.jsonl",
+        "sparse": (f"{vtag}_h200_sparse_cases.jsonl", lambda: random_calls(args.calls, args.seed, sparse_call), VLLM),
+        "dense": (f"{vtag}_h200_dense_cases.jsonl", lambda: random_calls(args.calls, args.seed + 1, dense_call), VLLM),
+        "dense_fp8": (f"{vtag}_h200_densefp8_cases.jsonl",
                       lambda: random_calls(args.calls, args.seed + 2, lambda r, w: dense_call(r, w, "dense_fp8")), VLLM),
-        "sched_fp8": ("vllm033_h200_densefp8_sched_cases.jsonl",
+        "sched_fp8": (f"{vtag}_h200_densefp8_sched_cases.jsonl",
                       lambda: random_calls(60, args.seed + 3, lambda r, w: scheduler_fp8_call(r)), VLLM),
     }
     if args.sgl:
@@ -347,7 +357,7 @@ def main(argv=None) -> None:
 
     def one(name, fname, make, prov):
         t0 = time.time()
-        build = "vllm-0.33" if prov is VLLM else "sgl-flash-mla-1.0.0"
+        build = vbuild if prov is VLLM else "sgl-flash-mla-1.0.0"
         rows = run_set(make(), prov, build, child, tmp, args.timeout)
         write(out / fname, dict(header, build=build, entry=name), rows)
         print(f"{name}: {len(rows)} calls in {time.time() - t0:.0f} s", file=sys.stderr)
@@ -359,13 +369,14 @@ def main(argv=None) -> None:
         th.start()
         threads.append(th)
     if not only or "probes" in only:
-        run_probe_set(probes(args.sgl), out / "vllm033_h200_probes.jsonl", dict(header, entry="probes"), child,
+        run_probe_set(probes(args.sgl), out / f"{vtag}_h200_probes.jsonl", dict(header, entry="probes"), child,
                       args.timeout)
     if "gaps" in only:
-        run_probe_set(gap_probes(), out / "h200_gap_probes.jsonl",
+        run_probe_set(gap_probes(("sgl", "vllm") if args.sgl else ("vllm",)),
+                      out / ("h200_gap_probes.jsonl" if args.sgl else f"{vtag}_h200_gap_probes.jsonl"),
                       dict(header, entry="probes of facts read or measured elsewhere"), child, args.timeout)
     if "padding" in only:
-        run_padding(out, header, child, ("vllm", "sgl") if args.sgl else ("vllm",), memcheck=args.memcheck)
+        run_padding(out, header, child, ("vllm", "sgl") if args.sgl else ("vllm",), memcheck=args.memcheck, vtag=vtag)
     for th in threads:
         th.join()
 
@@ -404,7 +415,8 @@ def padding_jobs(provider: str) -> list[tuple[str, dict, dict]]:
     return out
 
 
-def run_padding(out: Path, header: dict, child: ChildSpec, providers=("vllm",), memcheck: bool = False) -> None:
+def run_padding(out: Path, header: dict, child: ChildSpec, providers=("vllm",), memcheck: bool = False,
+                vtag: str = "vllm033") -> None:
     """Dense fp8 attention with length-0 rows, per provider: plain (one child each), and with
     ``memcheck`` each again under compute-sanitizer's memcheck (error count and first error)."""
     for pv in providers:
@@ -419,7 +431,7 @@ def run_padding(out: Path, header: dict, child: ChildSpec, providers=("vllm",), 
                 checks = list(pool.map(lambda j: memcheck_one(j, spec), [j for _, _, j in plist]))
             for row, mc in zip(rows, checks):
                 row["memcheck"] = mc
-        name = "vllm033" if pv == "vllm" else "sglfm"
+        name = vtag if pv == "vllm" else "sglfm"
         write(out / f"{name}_h200_densefp8_padding_probes.jsonl",
               dict(header, entry="padding probes", provider=pv, memcheck=memcheck_tool() if memcheck else None), rows)
 

@@ -1,6 +1,8 @@
 """Dense fp8 attention with length-0 rows (FMLA020) and block-table pages (FMLA022), against the
-real kernel: vLLM 0.33's bundled ``fwd_kvcache_mla_fp8`` on an H200, 13 padding layouts run plain
-and under compute-sanitizer memcheck (``fixtures/measured/vllm033_h200_densefp8_padding_memcheck_probes.jsonl``).
+real kernel: vLLM 0.33's and 0.34's bundled ``fwd_kvcache_mla_fp8`` (the same binary) and
+sgl-flash-mla 1.0.0's on an H200, 13 padding layouts run plain and under compute-sanitizer memcheck
+(``fixtures/measured/vllm033_h200_densefp8_padding_memcheck_probes.jsonl``,
+``vllm034_h200_densefp8_padding_probes.jsonl``, ``sglfm_h200_densefp8_padding_probes.jsonl``).
 
 The block table of each probe is rebuilt here from how the recording harness makes it (documented in
 ``fixtures/measured/README.md``): page 64, ``ceil(max(seqlens)/64)`` entries per row (at least 1),
@@ -27,7 +29,14 @@ HEAD, PROBES = LINES[0], LINES[1:]
 SGL_LINES = [json.loads(x) for x in (MEASURED / "sglfm_h200_densefp8_padding_probes.jsonl").read_text().splitlines()
              if x.strip()]
 SGL_HEAD, SGL_PROBES = SGL_LINES[0], SGL_LINES[1:]
+V34_LINES = [json.loads(x) for x in (MEASURED / "vllm034_h200_densefp8_padding_probes.jsonl").read_text().splitlines()
+             if x.strip()]
+V34_HEAD, V34_PROBES = V34_LINES[0], [dict(p, build="vllm-0.34") for p in V34_LINES[1:]]
 BUILDS = {"vllm": "vllm-0.33", "sgl": "sgl-flash-mla-1.0.0"}
+
+
+def build_of(probe: dict) -> str:
+    return probe.get("build") or BUILDS[probe["provider"]]
 
 
 def block_table(seqlens: list[int], pad_block, pad_rows) -> tuple[list[list[int]], int]:
@@ -50,16 +59,20 @@ def record(p: dict, with_table: bool = True) -> dict:
 
 
 def test_the_recordings_are_both_builds_on_an_h200_under_memcheck():
-    for head, probes, prov in ((HEAD, PROBES, "vllm"), (SGL_HEAD, SGL_PROBES, "sgl")):
+    assert {p["name"]: p["version"] for p in V34_HEAD["providers"]}["vllm"] == "0.34.0"
+    for head, probes, prov in ((HEAD, PROBES, "vllm"), (SGL_HEAD, SGL_PROBES, "sgl"), (V34_HEAD, V34_PROBES, "vllm")):
         assert head["device"] == "NVIDIA H200" and head["provider"] == prov and head["torch"].startswith("2.11")
         assert "memcheck" in head["memcheck"] and len(probes) == 13
         assert all(p["memcheck"]["ran"] for p in probes)
         assert [p["tag"] for p in probes] == [p["tag"] for p in PROBES]
 
 
-@pytest.mark.parametrize("probe", PROBES + SGL_PROBES, ids=[f"{p['provider']}: {p['tag']}" for p in PROBES + SGL_PROBES])
+ALL = PROBES + SGL_PROBES + V34_PROBES
+
+
+@pytest.mark.parametrize("probe", ALL, ids=[f"{build_of(p)}: {p['tag']}" for p in ALL])
 def test_each_padding_layout_matches_the_kernel_with_its_block_table(probe):
-    r = check(record(probe), gpu="H200", build=BUILDS[probe["provider"]])
+    r = check(record(probe), gpu="H200", build=build_of(probe))
     errors = [f for f in r.findings if f.is_error]
     measured_clean = probe["outcome"] == "ok" and probe["memcheck"]["errors"] == 0
     if probe["seqlens"][0] == 0 and measured_clean:
@@ -96,6 +109,24 @@ def test_request_zero_reads_whatever_precedes_the_table():
             r = check(record(p), gpu="H200", build=build)
             assert r.codes == ["FMLA020"] and not r.legal
             assert r.findings[0].numbers == {"request": 0} and r.findings[0].failure.kind == "undefined_behaviour"
+
+
+def test_the_same_binary_differs_only_where_request_zero_reads_before_the_table():
+    # vLLM 0.34's dense fp8 extension is 0.33's byte for byte: every layout whose request 0 has tokens gave
+    # the same outcome and the same memcheck error or none; those whose request 0 is empty did not (0.34's run
+    # crashed on them, as sgl-flash-mla's did), which is why FMLA020 calls request 0 undefined
+    old = {p["tag"]: p for p in PROBES}
+    differ = set()
+    for p in V34_PROBES:
+        o = old[p["tag"]]
+        same = (o["outcome"], o["memcheck"]["errors"] > 0) == (p["outcome"], p["memcheck"]["errors"] > 0)
+        if p["seqlens"][0] != 0:
+            assert same, p["tag"]
+        elif not same:
+            differ.add(p["tag"])
+            assert p["outcome"] == "illegal_memory_access" and o["outcome"] == "ok"
+            assert check(record(p), gpu="H200", build="vllm-0.34").codes == ["FMLA020"]
+    assert differ >= {"padding row first", "padding row first, valid pages"}
 
 
 def test_without_the_block_table_every_empty_row_is_flagged():

@@ -9,7 +9,7 @@ kernel version whose wheel is not there skips, saying so. The engine's Python so
 instantiations) and, where ``cuobjdump`` is found (``VALIDATE_BATCH_CUOBJDUMP`` or on ``PATH``),
 disassembled for the CTA index registers the combine kernel reads.
 
-vLLM's FlashMLA commit: ``VALIDATE_BATCH_VLLM_SDIST``, the path of ``vllm-0.33.0.tar.gz``.
+vLLM's bundled FlashMLA builds are checked against vLLM's own files in tests/test_vllm_bundled_flashmla.py.
 """
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ import os
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import zipfile
 from functools import lru_cache
@@ -359,17 +358,6 @@ def test_the_combine_grid_is_the_binarys(build):
     version = "0.4.2.post2" if build == "sgl-kernel-flashmla" else pin_of(build)
     axes = ctaid_axes(kernel_so(version))
     assert axes == GRID_AXES[generation(build, "sparse")["combine"]["grid"]]
-
-
-def test_vllm_0330_flashmla_commit_is_its_sdists():
-    path = os.environ.get("VALIDATE_BATCH_VLLM_SDIST")
-    if not path or not Path(path).is_file():
-        pytest.skip("VALIDATE_BATCH_VLLM_SDIST (vllm-0.33.0.tar.gz) not given")
-    with tarfile.open(path) as tf:
-        cm = tf.extractfile("vllm-0.33.0/cmake/external_projects/flashmla.cmake").read().decode()
-    repo = re.search(r"GIT_REPOSITORY https://github.com/(\S+)", cm).group(1)
-    tag = re.search(r"GIT_TAG ([0-9a-f]{40})", cm).group(1)
-    assert load("flashmla")["builds"]["vllm-0.33"]["fork_commit"] == f"{repo} {tag}"
 
 
 # --------------------------------------------------------------------------- server-argument names per release

@@ -120,7 +120,7 @@ def test_an_older_release_is_judged_by_its_range_and_says_so():
     assert v["name"] == "pre-routing" and "older than the releases read" in v["judged_as"]["basis"]
 
 
-@pytest.mark.parametrize("profile,spec,newest", [("vllm-dsv4", "0.34.0", "0.33.0"), ("sglang-slots", "0.5.30", "0.5.23")])
+@pytest.mark.parametrize("profile,spec,newest", [("vllm-dsv4", "0.35.0", "0.34.0"), ("sglang-slots", "0.5.30", "0.5.23")])
 def test_other_profiles_warn_for_newer_releases_too(profile, spec, newest):
     v = resolve_version(profile, spec)
     assert v["judged_as"]["warning"] and v["judged_as"]["release"] == newest

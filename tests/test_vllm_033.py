@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import vllm_release
@@ -39,6 +38,8 @@ needs_vllm = pytest.mark.skipif(OUT is None, reason=vllm_release.source(vllm_rel
 
 
 def doc(engine, sa, mode, requests, gpu="H200", model=None):
+    # the profiles as vLLM 0.33 has them: a name without a version is the latest release (0.34)
+    engine = engine if "@" in engine else f"{engine}@0.33"
     d = {"engine": engine, "gpu": gpu, "server_args": sa, "forward_mode": mode, "requests": requests}
     if model:
         d["model"] = model
@@ -114,7 +115,7 @@ def test_sparse_mixed_batch_tokens_limit(tokens):
     reqs = cached(2, 1) + [{"id": "p", "extend_tokens": tokens - 2, "prefix_len": 3000}]
     r = check(doc("vllm-flashmla-sparse", sa, "extend", reqs))
     assert r.legal is (tokens <= MIXED_LIMIT) and calls(r)[0]["call"]["s_q"] == tokens
-    guard = Checker("vllm-flashmla-sparse", "H200", sa)
+    guard = Checker("vllm-flashmla-sparse@0.33", "H200", sa)
     assert guard.max_rows == MIXED_LIMIT                    # the fast path's bound is the same edge
     assert bool(guard.verdict("decode", seq_lens=[9] * tokens)) is (tokens <= MIXED_LIMIT)
 
@@ -145,12 +146,24 @@ def test_sparse_reorder_threshold_128_heads(gpu, thr, dq):
 
 
 def test_sparse_uniform_decodes_only_the_leading_run():
-    # flashmla_sparse.py:351 (uniform decodes) + utils.py:884-892: a shorter request ends the run
+    # flashmla_sparse.py:351 (uniform decodes) + utils.py:884-892: a shorter request ends the run; under
+    # model runner V1 (its reorder keeps the order within the decode region) the run is the first 3
     reqs = cached(3, 4) + cached(1, 2, prefix="s") + cached(2, 4, prefix="t")
-    r = check(doc("vllm-flashmla-sparse", {**FP8, "num_speculative_tokens": 3}, "extend", reqs))
+    r = check(doc("vllm-flashmla-sparse", {**FP8, "num_speculative_tokens": 3, "use_v2_model_runner": False},
+                  "extend", reqs))
     dec = [c for c in calls(r) if c["route"] == "decode_kernel"]
     assert dec[0]["call"]["b"] == 3 and dec[0]["call"]["s_q"] == 4
     assert r.context["routing"]["step"]["prefill_tokens"] == 2 + 8
+
+
+def test_sparse_uniform_decodes_under_model_runner_v2():
+    # V2, 0.33's default (config/vllm.py:730-767): the requests of 1 + 3 tokens first (model_runner.py:2507-2519),
+    # then the shorter one: the run is all five of 4 tokens, the 2-token request is the prefill
+    reqs = cached(3, 4) + cached(1, 2, prefix="s") + cached(2, 4, prefix="t")
+    r = check(doc("vllm-flashmla-sparse", {**FP8, "num_speculative_tokens": 3}, "extend", reqs))
+    dec = [c for c in calls(r) if c["route"] == "decode_kernel"]
+    assert dec[0]["call"]["b"] == 5 and dec[0]["call"]["s_q"] == 4
+    assert r.context["routing"]["step"]["prefill_tokens"] == 2
 
 
 def test_sparse_bf16_cache_has_no_decode_kernel():
@@ -213,7 +226,7 @@ def scheduler_output(cached_reqs: dict, new_reqs: dict | None = None, drafts: in
     ("vllm-flashmla", {"num_speculative_tokens": 3, "tp_size": 8}, 1),
 ])
 def test_real_spec_step_is_judged_as_the_backend_runs_it(engine, sa, per):
-    guard = Checker(engine, "H200", sa)
+    guard = Checker(f"{engine}@0.33", "H200", sa)
     edge = (SM90_SPARSE if engine == "vllm-dsv4" else LEGACY) // per
     for n, legal in ((edge - 1, True), (edge, True), (edge + 1, False)):
         so = scheduler_output({f"r{i}": 500 for i in range(n)}, drafts=3)
@@ -230,7 +243,7 @@ def test_real_spec_step_is_judged_as_the_backend_runs_it(engine, sa, per):
 def test_real_spec_step_on_the_separate_sparse_path_breaks_the_offset_rule():
     # b = 11622 decode requests of s_q = 4 at 128 heads: within the scheduler's rows, but a split
     # request's o_accum row times 4*128*512 passes 2^31 on the legacy kernels (FMLA002)
-    guard = Checker("vllm-flashmla-sparse", "H200", {**FP8, "num_speculative_tokens": 3})
+    guard = Checker("vllm-flashmla-sparse@0.33", "H200", {**FP8, "num_speculative_tokens": 3})
     so = scheduler_output({f"r{i}": 500 for i in range(LEGACY)}, drafts=3)
     assert guard.verdict(so).report.codes == ["FMLA002"]
     assert guard.verdict(scheduler_output({f"r{i}": 500 for i in range(100)}, drafts=3)) is LEGAL
@@ -242,14 +255,14 @@ def test_real_mixed_step_orders_and_splits_like_the_backend():
     # decodes (reorder regions, utils.py:965-983) and is a short extend: with uniform decodes of 4
     # it joins them only because its length equals theirs
     so = scheduler_output({"a": 900, "b": 900}, {"n": (400, 64, 4), "p": (3000, 0, 3000)}, drafts=3)
-    r = Checker("vllm-flashmla", "H200", {"num_speculative_tokens": 3}).check(so)
+    r = Checker("vllm-flashmla@0.33", "H200", {"num_speculative_tokens": 3}).check(so)
     assert [(c["call"]["b"], c["call"]["s_q"]) for c in calls(r)] == [(3, 4)]
     assert r.context["routing"]["step"]["prefill_tokens"] == 3000
 
 
 @needs_vllm
 def test_real_plain_decode_takes_the_fast_path():
-    guard = Checker("vllm-flashmla", "H200")
+    guard = Checker("vllm-flashmla@0.33", "H200")
     assert guard.verdict(scheduler_output({f"r{i}": 10 for i in range(LEGACY)})) is LEGAL
     assert guard.verdict(scheduler_output({f"r{i}": 10 for i in range(LEGACY + 1)})).report.codes == ["FMLA001"]
 
@@ -262,65 +275,7 @@ def snippets() -> dict[str, str]:
     return found
 
 
-class StandInCore:
-    """Stand-in for ``EngineCore``: the attributes the release's ``step`` uses, none of them GPU
-    work; ``step`` and ``_should_throttle_prefills`` are the release's own methods."""
-
-    def __init__(self, outputs, throttle=False):
-        methods = vllm_release.engine_core_methods()
-        self._step = methods["step"][0].__get__(self)
-        self._throttle = methods["_should_throttle_prefills"][0].__get__(self)
-        self.schedule_args: list = []
-        self.executed: list = []
-        core = self
-
-        class Scheduler:
-            def has_requests(self):
-                return bool(outputs)
-
-            def schedule(self, *args):
-                core.schedule_args.append(args)
-                return outputs.pop(0)
-
-            def get_grammar_bitmask(self, so):
-                return None
-
-            def update_from_output(self, so, model_output):
-                return {0: model_output}
-
-        class Executor:
-            def execute_model(self, so, non_block=False):
-                core.executed.append(so)
-                return SimpleNamespace(result=lambda: "model output")
-
-        self.scheduler, self.model_executor = Scheduler(), Executor()
-        self._should_throttle_prefills = self._throttle if not throttle else (lambda: True)
-
-    def capture_iteration_details(self, so):
-        return _Null()
-
-    def log_error_detail(self, so):
-        return _Null()
-
-    def _process_aborts_queue(self):
-        pass
-
-    def _attach_iteration_details(self, outputs, details):
-        pass
-
-    def _attach_weight_version(self, outputs):
-        pass
-
-    def step(self):
-        return self._step()
-
-
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
+StandInCore = vllm_release.StandInCore
 
 
 @needs_vllm
@@ -361,13 +316,14 @@ VLLM_CONFIGS = {
     "dense": ("vllm-flashmla", {"num_speculative_tokens": 3}),
     "dense-fp8": ("vllm-flashmla", {"kv_cache_dtype": "fp8"}),
 }
-VLLM_CHECKERS = {k: Checker(e, "H200", sa) for k, (e, sa) in VLLM_CONFIGS.items()}
+# both releases (0.34: model runner V2 only, ShardQ on the mixed batch under tensor parallelism)
+VLLM_CHECKERS = {(k, v): Checker(f"{e}@{v}", "H200", sa) for k, (e, sa) in VLLM_CONFIGS.items() for v in ("0.33", "0.34")}
 
 sizes = st.sampled_from([1, 2, 4, 4, 4, 100, 128, 129, 256, 257, 3000])
 groups = st.lists(st.tuples(st.integers(1, 4000), sizes, st.sampled_from([0, 50, 5000])), min_size=1, max_size=3)
 
 
-@pytest.mark.parametrize("cfg", sorted(VLLM_CONFIGS))
+@pytest.mark.parametrize("cfg", sorted(VLLM_CHECKERS))
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(groups=groups)
 def test_vllm_verdict_agrees_with_the_full_check(cfg, groups):
@@ -394,7 +350,7 @@ REAL_CHECKERS: dict = {}
        new=st.lists(st.tuples(st.integers(1, 9000), st.sampled_from([0, 10, 500])), max_size=3))
 def test_real_scheduler_output_verdict_agrees_with_the_full_check(cfg, n, drafts, new):
     engine, gpu, sa = REAL_CONFIGS[cfg]
-    guard = REAL_CHECKERS.get(cfg) or REAL_CHECKERS.setdefault(cfg, Checker(engine, gpu, sa))
+    guard = REAL_CHECKERS.get(cfg) or REAL_CHECKERS.setdefault(cfg, Checker(f"{engine}@0.33", gpu, sa))
     so = scheduler_output({f"r{k}": 300 for k in range(n)},
                           {f"n{j}": (t + c + 10, c, t) for j, (t, c) in enumerate(new)}, drafts=drafts)
     assume(so.total_num_scheduled_tokens <= 70000)

@@ -77,7 +77,7 @@ PYTHON_HELP = "Python interpreter for the child processes (one with torch and Fl
 BACKEND_HELP = "Child backend module or .py file (default: the torch backend); for testing the plumbing."
 
 
-KERNEL_GEN_PROVIDER_HELP = ("The build to run: a vllm-* build (vllm-0.33) runs vLLM's bundled FlashMLA "
+KERNEL_GEN_PROVIDER_HELP = ("The build to run: a vllm-* build (vllm-0.34, vllm-0.33) runs vLLM's bundled FlashMLA "
                             "(see --vllm-flashmla); other builds run the --provider given.")
 VLLM_FLASHMLA_HELP = ("Folder holding vLLM's bundled FlashMLA (vllm/_flashmla_C*.so, vllm/_flashmla_extension_C*.so, "
                       "vllm/third_party/flashmla/flash_mla_interface.py) extracted from the wheel; default: "

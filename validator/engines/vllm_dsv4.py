@@ -14,7 +14,8 @@ from ..inputs.batch import Batch
 from ..facts.fields import min_max, positive_int
 from .base import BatchPlan, DerivedCall
 from .shapes import QuietRules, prefill_shape_plan, ratio_lengths, shape_plan, step_plan
-from .vllm_steps import VllmProfile, cache_dtype, num_speculative_tokens, profile_data, split_step, step_columns
+from .vllm_steps import (VllmProfile, cache_dtype, draft_slots, num_speculative_tokens, profile_data, request_order,
+                         split_step, step_columns)
 from .._numpy import numpy_on_first_use
 
 np = numpy_on_first_use(globals())
@@ -36,6 +37,7 @@ class VllmDsv4Setup:
     max_rows: int
     # per layer type: its sparse-prefill shape plan and the rules its calls skip
     prefill: tuple = ()
+    order: str = "v2"          # the model runner's request order
 
 
 def _heads(batch: Batch, dflt: dict) -> int:
@@ -110,12 +112,14 @@ class VllmDsv4Profile(VllmProfile):
             topk = -(-(dflt["swa_topk"] + (extra_topk or 0)) // mult) * mult
             pre = prefill_shape_plan(batch.gpu, build, h_q, dflt["d_qk"], topk, f"{spec['name']} prefill")
             prefill.append((pre, QuietRules(pre, False, False)))
-        return VllmDsv4Setup(h_q, 1 + num_speculative_tokens(batch), tuple(calls), dflt["d_qk"], dflt["swa_topk"],
-                             dflt["page"], build, min(c[4].max_sched_rows for c in calls), tuple(prefill))
+        return VllmDsv4Setup(h_q, 1 + num_speculative_tokens(batch) + draft_slots(batch, version), tuple(calls), dflt["d_qk"], dflt["swa_topk"],
+                             dflt["page"], build, min(c[4].max_sched_rows for c in calls), tuple(prefill),
+                             request_order(batch, version))
 
     def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, build, memo=None) -> None:
         s = setup
-        step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]))
+        step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]), s.order,
+                          1 + num_speculative_tokens(batch))
         self.record_step(batch, bp, step, "decode tokens as rows, prefill through flash_mla_sparse_fwd", version,
                          "decode tokens")
         b = step.decode_tokens

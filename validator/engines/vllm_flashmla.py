@@ -1,8 +1,8 @@
 """``vllm-flashmla``: vLLM's dense FlashMLA MLA backend (DeepSeek V2/V3 class models).
 
-Requests with computed tokens and at most ``reorder_threshold`` query tokens (raised to
-``1 + num_speculative_tokens`` with speculative decoding) are reordered to the front; the leading
-ones of one query length are the decode requests, run as one ``flash_mla_with_kvcache`` call with
+The requests run in the model runner's order (:func:`validate_batch.engines.vllm_steps.split_step`);
+the leading ones of one query length, at most ``reorder_threshold`` tokens (raised to
+``1 + num_speculative_tokens`` with speculative decoding), are the decode requests, run as one ``flash_mla_with_kvcache`` call with
 ``b`` = decode requests and ``s_q`` = that length (fp8 cache: the dense fp8 kernels). Prefills run
 MLA's prefill backend (no FlashMLA call). Numbers and sources in ``rules/engines.json``.
 """
@@ -18,9 +18,11 @@ from .vllm_steps import (
     VllmProfile,
     cache_dtype,
     check_arch,
+    draft_slots,
     heads_per_rank,
     num_speculative_tokens,
     profile_data,
+    request_order,
     split_step,
     step_columns,
 )
@@ -37,6 +39,8 @@ class DenseSetup:
     page: int
     kernel: str | None
     max_rows: int
+    order: str = "v2"              # the model runner's request order
+    decode_query_len: int = 1      # 1 + num_speculative_tokens
 
 
 class VllmFlashMLAProfile(VllmProfile):
@@ -48,10 +52,10 @@ class VllmFlashMLAProfile(VllmProfile):
         check_arch(batch, version, NAME)
         k = num_speculative_tokens(batch)
         thr = int(version["reorder_threshold"])
-        thr = max(thr, 1 + k) if k > 0 else thr
+        thr = max(thr, 1 + k + draft_slots(batch, version)) if k > 0 else thr
         fp8 = cache_dtype(batch, dflt, version) in version["fp8_cache_dtypes"]
         s = DenseSetup(heads_per_rank(batch, dflt), fp8, thr,
-                       int(dflt["d_qk"]), int(dflt["page"]), build, 0)
+                       int(dflt["d_qk"]), int(dflt["page"]), build, 0, request_order(batch, version), 1 + k)
         probe = plan(self._call(s, 1, 1, None), batch.gpu, build)
         return DenseSetup(**{**s.__dict__, "max_rows": probe.max_sched_rows})
 
@@ -62,7 +66,8 @@ class VllmFlashMLAProfile(VllmProfile):
 
     def derive(self, batch: Batch, version: dict, setup: DenseSetup, bp: BatchPlan, build, memo=None) -> None:
         s = setup
-        step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]))
+        step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]), s.order,
+                          s.decode_query_len)
         self.record_step(batch, bp, step, "decode requests through flash_mla_with_kvcache, prefills through MLA "
                                           "prefill", version)
         if not step.num_decodes:

@@ -1,12 +1,15 @@
-"""What the vLLM 0.33 profiles share: a step's requests as vLLM's attention backends split them.
+"""What the vLLM profiles share: a step's requests as vLLM's attention backends split them.
 
 vLLM flattens a step into one query row per scheduled token. Before the attention metadata is
-built, the model runner reorders the requests (decodes, short extends, long extends, first-chunk
-prefills) and each backend splits them at a query-length threshold into decode requests, which
-its decode kernel takes as ``[num_decodes, query_len, heads, dim]``, and prefill requests. Some
-backends require the decode requests to share one query length. The numbers (thresholds, head
-padding, cache formats) are per version in ``rules/engines.json``; :class:`VllmProfile` is what the
-three vLLM profile modules build on.
+built, the model runner orders the requests, and each backend splits them at a query-length
+threshold into decode requests, which its decode kernel takes as ``[num_decodes, query_len, heads,
+dim]``, and prefill requests. Some backends require the decode requests to share one query length.
+Two orders exist (``request_orders`` of a version in ``rules/engines.json``, the first its default):
+model runner V2's sort (requests of the decode query length ``1 + num_speculative_tokens`` first,
+then the rest by ascending query length) and model runner V1's reorder (decodes, short extends,
+long extends, first-chunk prefills). The numbers (thresholds, head padding, cache formats) are per
+version in ``rules/engines.json``; :class:`VllmProfile` is what the three vLLM profile modules
+build on.
 """
 from __future__ import annotations
 
@@ -142,25 +145,78 @@ def num_speculative_tokens(batch: Batch) -> int:
     return d - 1 if d > 0 else 0
 
 
-def split_step(query: np.ndarray, computed, threshold: int, uniform: bool) -> VllmStep:
-    """The step reordered and split as vLLM 0.33 does (sources: the version's ``split_source``).
+def draft_slots(batch: Batch, version: dict) -> int:
+    """The query slots a drafter adds to each verified request beyond its drafts (the version's
+    ``draft_slots`` by ``server_args.speculative_method``; 0 without speculative decoding)."""
+    slots = version.get("draft_slots")
+    if not slots or num_speculative_tokens(batch) <= 0:
+        return 0
+    return int(slots.get(str(batch.arg("speculative_method") or "").strip().lower(), 0))
 
-    Requests keep their order within a region (the caller gives decodes that are done prefilling
-    before short extends, as the reorder does); regions: computed tokens and at most ``threshold``
-    query tokens (decode or short extend), computed tokens and more (long extend), nothing computed
-    (first-chunk prefill). A step of one query length per request needs no reordering: whatever
-    the order, every request is a decode when that length is within the threshold, none otherwise."""
+
+#: the model runners' request orders (``request_orders`` in rules/engines.json)
+ORDERS = ("v2", "v1")
+
+
+def request_order(batch: Batch, version: dict) -> str:
+    """The order the step's requests run in: the version's default (the first of its
+    ``request_orders``), or model runner V1's / V2's as ``server_args.use_v2_model_runner`` asks
+    (vLLM's ``VLLM_USE_V2_MODEL_RUNNER``; a release without that runner refuses it)."""
+    orders = version.get("request_orders") or ["v1"]
+    want = batch.arg("use_v2_model_runner")
+    if want is None:
+        return orders[0]
+    if not isinstance(want, bool):
+        raise InputError("server_args.use_v2_model_runner", f"expected true or false, got {want!r:.40}")
+    order = "v2" if want else "v1"
+    if order not in orders:
+        raise InputError("server_args.use_v2_model_runner",
+                         f"vLLM {version['name']} has no model runner {order.upper()} "
+                         f"({version.get('request_orders_source', 'rules/engines.json request_orders')})")
+    return order
+
+
+def split_step(query: np.ndarray, computed, threshold: int, uniform: bool, order: str = "v1",
+               decode_query_len: int = 1) -> VllmStep:
+    """The step ordered and split as the version's model runner and backend do (sources: the
+    version's ``split_source`` and ``request_orders_source``).
+
+    ``order`` ``"v2"`` (model runner V2's sort): the requests of ``decode_query_len`` query tokens
+    (``1 + num_speculative_tokens``) first, then the others by ascending query length, each group
+    in its given order; V2 puts requests that carry drafts before all others, which this reading
+    takes to be the requests of ``decode_query_len`` tokens (exact for drafters that propose every
+    draft: MTP, EAGLE, a draft model). ``"v1"`` (V1's reorder): requests keep their order within a
+    region (the caller gives decodes that are done prefilling before short extends, as the reorder
+    does); regions: computed tokens and at most ``threshold`` query tokens (decode or short
+    extend), computed tokens and more (long extend), nothing computed (first-chunk prefill). A step
+    of one query length per request needs no reordering: whatever the order, every request is a
+    decode when that length is within the threshold, none otherwise."""
     n = len(query)
     if n and query.strides == (0,):
         q0 = int(query[0])
         return VllmStep(query, computed, n if q0 <= threshold else 0, threshold)
+    if order == "v2":
+        key = np.where(query == decode_query_len, -1, query)
+        if n < 2 or bool((key[1:] >= key[:-1]).all()):
+            q, c = query, computed     # (already in the runner's order: the stable sort keeps it)
+        else:
+            perm = np.argsort(key, kind="stable")
+            q = query[perm]
+            c = (lambda f=computed: f()[perm]) if callable(computed) else computed[perm]
+        return _split(q, c, threshold, uniform)
     computed = computed() if callable(computed) else computed
     region = np.where(computed == 0, 2, np.where(query > threshold, 1, 0))
     if n < 2 or bool((region[1:] >= region[:-1]).all()):
         q, c = query, computed         # (already in region order: the stable sort keeps it)
     else:
-        order = np.argsort(region, kind="stable")
-        q, c = query[order], computed[order]
+        perm = np.argsort(region, kind="stable")
+        q, c = query[perm], computed[perm]
+    return _split(q, c, threshold, uniform)
+
+
+def _split(q: np.ndarray, c, threshold: int, uniform: bool) -> VllmStep:
+    """``split_decodes_and_prefills`` on requests in the runner's order: the leading decodes."""
+    n = len(q)
     if n == 0:
         nd = 0
     elif int(q.max()) <= threshold and (not uniform or threshold <= 1):
@@ -260,4 +316,4 @@ class VllmProfile(Profile):
 
 __all__ = ["VllmProfile", "VllmStep", "VLLM_MODES", "cache_dtype", "check_arch", "heads_per_rank",
            "num_speculative_tokens",
-           "profile_data", "split_step", "step_columns"]
+           "profile_data", "split_step", "step_columns", "request_order", "draft_slots"]

@@ -88,17 +88,17 @@ def sched_smem_page() -> dict:
 #: rules' that send it too many rows (SGL001)
 SCHED_SMEM_SIGNATURES = (
     {"library": "flashmla", "file": "get_decoding_sched_meta.cu", "lines": [111, 111], "message": "invalid argument",
-     "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33"],
+     "failure": "process_exit", "builds": ["flashmla-9241ae3", "vllm-0.33", "vllm-0.34"],
      "source": "flashmla.json generations flashmla-9241ae3 / vllm-0.33-legacy sched_smem.error_site; measured "
-               "on H200 (flashmla-facts.md section 4)"},
+               "on H200 (flashmla-facts.md section 4; vLLM 0.33 and 0.34: fixtures/measured/vllm03*_h200_probes.jsonl)"},
     {"library": "flashmla", "file": "get_mla_metadata.cu", "lines": [93, 93], "message": "invalid argument", "failure": "process_exit",
      "builds": ["flashmla-1408756"],
      "source": "flashmla.json generation flashmla-1408756 sched_smem.error_site; measured on H200 "
                "(flashmla-facts.md section 6)"},
     {"library": "flashmla", "file": "get_decoding_sched_meta.cu", "lines": [143, 143], "message": "invalid argument",
-     "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33"],
+     "failure": "process_exit", "builds": ["flashmla-2026.09.30", "vllm-0.33", "vllm-0.34"],
      "source": "flashmla.json generation flashmla-2026.09.30 sched_smem.error_site and crash_sites.json (read "
-               "from the binary)"},
+               "from the binary); measured on H200 with vLLM 0.33 and 0.34 (the SM90 sparse scheduler's RuntimeError)"},
 )
 
 
@@ -176,9 +176,11 @@ def oaccum_safe_rows(p: Plan) -> int | None:
              "in int32); measured on H200: split row 4095 ok, 4096 fails at s_q=8, h_q=128",
       signatures=[
           {"library": "flashmla", "file": "combine.cu", "lines": [197, 197], "message": "illegal memory access",
-           "failure": "illegal_memory_access", "builds": ["flashmla-9241ae3", "vllm-0.33", "sgl-kernel-flashmla"],
+           "failure": "illegal_memory_access",
+           "builds": ["flashmla-9241ae3", "vllm-0.33", "vllm-0.34", "sgl-kernel-flashmla"],
            "source": "flashmla.json combine.error_site of flashmla-9241ae3, vllm-0.33-legacy, "
-                     "sgl-kernel-flashmla-legacy; measured on H200 with 9241ae3 (split row 4096 at s_q 8, h_q 128)"},
+                     "sgl-kernel-flashmla-legacy; measured on H200 with 9241ae3 (split row 4096 at s_q 8, h_q 128); "
+                     "vLLM 0.34's combine host code is 0.33's (flashmla.json vllm-0.34 same_kernels_source)"},
           {"library": "flashmla", "file": "combine.cu", "lines": [206, 206], "message": "illegal memory access",
            "failure": "illegal_memory_access", "builds": ["sgl-flash-mla-1.0.0"],
            "source": "flashmla.json sgl-flash-mla-1.0.0-legacy combine.error_site; measured on H200 "
@@ -530,9 +532,10 @@ def combine_parts_page() -> dict:
       signatures=[
           {"library": "flashmla", "file": "combine.cu", "lines": [183, 183], "message": "Assertion (failed|error)",
            "failure": "process_exit",
-           "builds": ["flashmla-9241ae3", "vllm-0.33", "sgl-kernel-flashmla"],
+           "builds": ["flashmla-9241ae3", "vllm-0.33", "vllm-0.34", "sgl-kernel-flashmla"],
            "source": "FlashMLA 9241ae3 csrc/smxx/decode/combine/combine.cu:183: the split-count dispatch has no case "
-                     "above 160 and fails its assertion (exit(1), csrc/utils.h:17-23)"},
+                     "above 160 and fails its assertion (exit(1), csrc/utils.h:17-23); vLLM 0.34's combine host code "
+                     "is 0.33's"},
           {"library": "flashmla", "file": "mla_combine.cu", "lines": [172, 172], "message": "Assertion (failed|error)",
            "failure": "process_exit", "builds": ["flashmla-1408756"],
            "source": "FlashMLA 1408756 csrc/smxx/mla_combine.cu:172: the same dispatch assertion"},
@@ -1039,9 +1042,9 @@ def combine_grid_page() -> dict:
            "source": "sgl-kernel's FlashMLA fork 9804b12 csrc/smxx/decode/combine/combine.cu:202 (grid), :209 (the "
                      "launch check)"},
           {"library": "flashmla", "file": "combine.cu", "message": "invalid (configuration )?argument", "failure": "process_exit",
-           "builds": ["flashmla-2026.09.30", "sgl-flash-mla-1.0.0", "vllm-0.33"],
+           "builds": ["flashmla-2026.09.30", "sgl-flash-mla-1.0.0", "vllm-0.33", "vllm-0.34"],
            "source": "the combine kernel's launch check of the 2026.09.30 kernels, sgl-flash-mla 1.0.0 and vLLM 0.33 "
-                     "(file named, line not recorded)"},
+                     "and 0.34 (file named, line not recorded)"},
       ])
 def combine_grid(p: Plan):
     """The combine kernel's launch grid must fit CUDA's grid limits (x < 2^31, y <= {{grid_y}}, z <= {{grid_z}}).
@@ -1240,9 +1243,10 @@ def decode_indices(s: IndicesCheck):
              "decides: -1 there is an invalid read, a valid page is not; a page 2^20 past the pool crashes)",
       signatures=[
           {"library": "flashmla", "message": "illegal memory access", "failure": "illegal_memory_access",
-           "builds": ["sgl-flash-mla-1.0.0", "vllm-0.33"],
-           "source": "measured on an H200 with vLLM 0.33 (fixtures/measured/vllm033_h200_densefp8_padding_memcheck_"
-                     "probes.jsonl): length-0 rows after a row whose last block-table entry is 2^20"},
+           "builds": ["sgl-flash-mla-1.0.0", "vllm-0.33", "vllm-0.34"],
+           "source": "measured on an H200 with vLLM 0.33 and 0.34 (fixtures/measured/vllm033_h200_densefp8_padding_"
+                     "memcheck_probes.jsonl, vllm034_h200_densefp8_padding_probes.jsonl): length-0 rows after a row "
+                     "whose last block-table entry is 2^20"},
       ])
 def empty_dense_row(p: Plan):
     """Dense fp8 decode: a request with ``cache_seqlens`` 0 reads the page its neighbour's last block names.
@@ -1262,8 +1266,9 @@ def empty_dense_row(p: Plan):
     valid page there is harmless (the result is masked); -1 (what CUDA-graph padding writes) is the
     page before the KV pool: an out-of-bounds read that a plain run does not notice and memcheck
     reports; a page far outside the pool is an illegal memory access that kills the process. For
-    request 0 the page is whatever memory precedes the table: measured an illegal memory access
-    with sgl-flash-mla 1.0.0 and nothing with vLLM 0.33's copy, on the same layout.
+    request 0 the page is whatever memory precedes the table: on the same layout, measured an
+    illegal memory access with sgl-flash-mla 1.0.0 and with vLLM 0.34's copy, and nothing with vLLM
+    0.33's, whose dense fp8 extension is the same binary: the word differs from run to run.
 
     ## Example
     ``{"kind": "dense_fp8", "entry": "fwd_kvcache_mla_fp8", "b": 4, "s_q": 1, "h_q": 128,
@@ -1319,16 +1324,17 @@ def empty_dense_row(p: Plan):
             failure=("illegal_memory_access: a page past the pool (measured: 2^20 past a 15-page pool crashes both builds)"
                      if far else "undefined_behaviour: an out-of-bounds read of the page before the KV pool, silent in "
                      "some runs (compute-sanitizer memcheck reports it) and an illegal_memory_access in others "
-                     "(measured on vLLM 0.33 and sgl-flash-mla 1.0.0)")))
+                     "(measured on vLLM 0.33, vLLM 0.34 and sgl-flash-mla 1.0.0)")))
     if empty[0] == 0:
         out.append(empty_dense_row.rule.finding(
             "request 0 has cache_seqlens 0: it reads the word before the block table as a page number, whatever "
-            "memory holds there (expected a request of >= 1 token first, got 0; measured: an illegal memory "
-            "access with sgl-flash-mla 1.0.0, nothing reported with vLLM 0.33's copy in the same layout)",
+            "memory holds there (expected a request of >= 1 token first, got 0; measured in the same layout: an "
+            "illegal memory access with sgl-flash-mla 1.0.0 and with vLLM 0.34's copy, nothing reported with vLLM "
+            "0.33's, the same binary as 0.34's)",
             subject=f"{_subject(p)} request 0", numbers={"request": 0},
             fix="put a non-empty request first, or pad with cache_seqlens 1 and valid pages",
             failure="undefined_behaviour: the page is whatever word precedes the block table (measured: an "
-                    "illegal_memory_access on sgl-flash-mla 1.0.0, silent on vLLM 0.33)"))
+                    "illegal_memory_access on sgl-flash-mla 1.0.0 and vLLM 0.34, silent on vLLM 0.33)"))
     return out or None
 
 

@@ -279,6 +279,10 @@ class Checker:
         self._one_request_rows_of = {parse_mode(m): r for m, r in self._one_request_rows.items()}
         # a vLLM profile splits a step as the backend does (engine objects are read for it)
         self.vllm_steps = any(engine_family(n) == "vllm" for n, _ in tmpl.profiles)
+        # the order a vLLM profile's model runner runs the requests in (an engine object's requests are
+        # listed as V1's reorder leaves them only where that runner runs)
+        self.vllm_order = next((getattr(s, "order", None) for p, _, s in self._setup.parts
+                                if engine_family(p.name) == "vllm"), None)
         self.mixed_chunk = bool(self._template.arg("enable_mixed_chunk", False))
         self.has_rows = b.has_rows
         self.max_rows: int | None = b.max_rows

@@ -529,9 +529,10 @@ def vllm_lists(out: Any, checker) -> dict | None:
 
     A step of one token per request on top of computed tokens is a decode step. Any other step is
     an extend step of every request's scheduled tokens (drafts included) on top of its computed
-    tokens; for a vLLM profile the requests are listed as vLLM's reorder puts them (requests done
-    prefilling first, order kept otherwise) and the profile splits them as the backend does, so a
-    speculative step's requests are decodes of ``1 + drafts`` query tokens each."""
+    tokens; for a vLLM profile the requests are listed in the scheduler's order (under model runner
+    V1, as its reorder puts them: requests done prefilling first, order kept otherwise) and the
+    profile orders and splits them as the runner and the backend do, so a speculative step's
+    requests are decodes of ``1 + drafts`` query tokens each."""
     rids, toks = _vllm_tokens(out)
     if not rids:
         return None
@@ -549,9 +550,10 @@ def vllm_lists(out: Any, checker) -> dict | None:
         raise InputError("scheduled_new_reqs / scheduled_cached_reqs",
                          f"request {missing[0]!r} is scheduled but its num_computed_tokens is not given")
     drafts = _vllm_spec(out, rids, toks)
-    if k < n and getattr(checker, "vllm_steps", False):
-        # the reorder's first region: requests with computed tokens that are done prefilling (the
-        # first k are), then the others, each region in order
+    if k < n and getattr(checker, "vllm_steps", False) and getattr(checker, "vllm_order", "v1") == "v1":
+        # model runner V1's reorder, first region: requests with computed tokens that are done
+        # prefilling (the first k are), then the others, each region in order (V2 sorts by query
+        # length alone, which the profile does)
         first = [i for i in range(k, n) if (done.get(rids[i]) or rids[i] in drafts) and computed[rids[i]] > 0]
         if first and k + len(first) < n and first[-1] != k + len(first) - 1:   # (else already in order)
             moved = set(first)

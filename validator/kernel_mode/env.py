@@ -22,7 +22,7 @@ from .providers import PROVIDER_NAMES, Provider, detect, find_providers, known_g
 from .runner import ChildSpec, run_job
 
 VLLM_NOTE = ("found by its file (vLLM's metadata does not list the bundled copy); kernel mode runs it with "
-             "--build vllm-0.33 (or --provider vllm)")
+             "--build {build} (or --provider vllm)")
 
 
 def default_generation() -> str:
@@ -63,9 +63,10 @@ def environment(*, check_gpu: bool = True, timeout: float = 60.0, child: ChildSp
     if vllm is not None:
         files = vllm_flashmla_files()
         if files:
-            builds.append({"name": "vllm", "module": "vllm._flashmla_C", "api": None, "build": f"vllm-"
-                           f"{'.'.join(vllm.version.split('.')[:2])}", "distribution": vllm.name,
-                           "version": vllm.version, "path": files[0], "runnable": False, "note": VLLM_NOTE})
+            build = f"vllm-{'.'.join(vllm.version.split('.')[:2])}"
+            builds.append({"name": "vllm", "module": "vllm._flashmla_C", "api": None, "build": build,
+                           "distribution": vllm.name, "version": vllm.version, "path": files[0], "runnable": False,
+                           "note": VLLM_NOTE.format(build=build)})
     torch_dist = lookup_distribution("torch")
     torch_info = {"installed": torch_installed(), "version": torch_dist.version if torch_dist else None,
                   "path": str(package_dir("torch") or "") or None}

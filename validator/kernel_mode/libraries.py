@@ -102,6 +102,18 @@ def flashinfer_build(version: str) -> tuple[str | None, str]:
                              f"its calls are compared with {data['default']}")
 
 
+def _sm90_facts(facts: dict) -> str:
+    """A version's SM90 numbers (the schedule, the metadata layouts, the shared-memory bound), without sources."""
+    import json
+
+    def strip(v):
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items() if not (k == "source" or k.endswith(("_source", "provenance")))}
+        return v
+    keep = {k: facts.get(k) for k in ("schedule", "metadata", "smem_capacity")}
+    return json.dumps(strip(keep), sort_keys=True)
+
+
 def deepgemm_build(version: str, vendored_by: str = "") -> tuple[str | None, str]:
     """The ``rules/deepgemm.json`` version a DeepGEMM copy is judged by, and a note when not itself."""
     data = load("deepgemm")
@@ -114,6 +126,10 @@ def deepgemm_build(version: str, vendored_by: str = "") -> tuple[str | None, str
     same = [key for key, facts in data["versions"].items() if version and facts.get("deep_gemm_version") == version]
     if len(same) == 1:
         return same[0], ""
+    if same and len({_sm90_facts(data["versions"][k]) for k in same}) == 1:
+        # copies of one version string (vLLM's bundles) whose SM90 facts are the same: any of them judges it
+        return same[0], (f"deep_gemm {version} is in more than one vLLM release ({', '.join(same)}), with the "
+                         f"same SM90 facts; its calls are compared with {same[0]}")
     return data["default"], (f"rules/deepgemm.json has no facts for deep_gemm {version or '(version unknown)'}"
                              f"{' inside ' + vendored_by if vendored_by else ''}; its calls are compared with "
                              f"{data['default']}")

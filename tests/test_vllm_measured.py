@@ -1,6 +1,7 @@
-"""vLLM 0.33's bundled FlashMLA and sgl-flash-mla 1.0.0's dense fp8 scheduler, measured on an H200.
+"""vLLM 0.33's and 0.34's bundled FlashMLA and sgl-flash-mla 1.0.0, measured on an H200.
 
-Ground truth: ``fixtures/measured/vllm033_h200_*.jsonl`` and ``sglfm_h200_densefp8_sched_cases.jsonl``,
+Ground truth: ``fixtures/measured/vllm033_h200_*.jsonl``, ``vllm034_h200_*.jsonl`` (the same seeded
+calls and probes, run again on vLLM 0.34.0's files) and ``sglfm_h200_*.jsonl``,
 recorded with ``bench/record_kernels.py`` (one H200, torch 2.11, the wheel's own ``.so`` files). Each
 record holds the inputs and what the kernel wrote (``tile_scheduler_metadata``, ``num_splits``) or
 how it failed. Every record is compared with the model: metadata bit for bit (the generation's
@@ -23,7 +24,9 @@ from validate_batch.kernel_mode.outcome import RunResult
 from validate_batch.facts.knowledge import load
 
 MEASURED = Path(__file__).resolve().parents[1] / "fixtures" / "measured"
-VLLM, SGLFM = "vllm-0.33", "sgl-flash-mla-1.0.0"
+VLLM, VLLM34, SGLFM = "vllm-0.33", "vllm-0.34", "sgl-flash-mla-1.0.0"
+#: each vLLM build's recording: its file prefix, the date and the wheel's version
+RUNS = {VLLM: ("vllm033", "2026-12-01", "0.33.0"), VLLM34: ("vllm034", "2026-12-04", "0.34.0")}
 SMEM, NUM_SMS = 232448, 132
 INPUT_FIELDS = ("kind", "b", "s_q", "h_q", "d_qk", "topk", "topk_length", "extra_topk", "extra_topk_length",
                 "page", "extra_page", "seqlens", "entry", "causal", "bytes_per_token")
@@ -37,6 +40,10 @@ CASE_FILES = {   # file: (build, entry it exercises, least calls)
     "sglfm_h200_dense_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
     "sglfm_h200_hoisted_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 200),
     "sglfm_h200_densefp8_attn_cases.jsonl": (SGLFM, "fwd_kvcache_mla_fp8", 200),
+    "vllm034_h200_sparse_cases.jsonl": (VLLM34, "flash_mla_with_kvcache", 200),
+    "vllm034_h200_dense_cases.jsonl": (VLLM34, "flash_mla_with_kvcache", 200),
+    "vllm034_h200_densefp8_cases.jsonl": (VLLM34, "fwd_kvcache_mla_fp8", 200),
+    "vllm034_h200_densefp8_sched_cases.jsonl": (VLLM34, "get_mla_decoding_metadata", 60),
 }
 # FMLA020 (a length-0 row of the dense fp8 kernel reads the page named by the block-table entry before
 # its own): with valid pages there, as the recording builds them, the read stays in bounds and the call
@@ -70,9 +77,10 @@ def test_recording_names_device_package_and_date(name):
     head, rows = read(name)
     build, entry, least = CASE_FILES[name]
     assert (head["device"], head["num_sms"], head["cc"], head["smem_optin"]) == ("NVIDIA H200", NUM_SMS, [9, 0], SMEM)
-    assert head["date"] == "2026-12-01" and head["torch"].startswith("2.11") and head["build"] == build
+    _, date, version = RUNS.get(build, RUNS[VLLM])
+    assert head["date"] == date and head["torch"].startswith("2.11") and head["build"] == build
     versions = {p["name"]: p["version"] for p in head["providers"]}
-    assert versions["vllm"] == "0.33.0"
+    assert versions["vllm"] == version
     if build == SGLFM:
         assert versions["flash_mla"] == "1.0.0"
     assert len(rows) >= least
@@ -113,25 +121,53 @@ def test_every_recorded_call_matches_the_model(name):
     assert compared >= min(CASE_FILES[name][2], 26)
 
 
-def test_sparse_sm90_idle_partitions_begin_at_block_zero():
+def test_the_same_calls_gave_the_same_answers_on_both_vllm_releases():
+    # vLLM 0.34.0's SM90 kernels are 0.33.0's (rules/flashmla.json vllm-0.34 same_kernels_source): the seeded
+    # calls and probes, run on each release's files, ran or failed alike and wrote the same metadata in the
+    # generation's columns; the two calls that differ are all-empty dense fp8 batches (request 0 empty, FMLA020)
+    for kind in ("sparse_cases", "dense_cases", "densefp8_cases", "densefp8_sched_cases", "probes"):
+        old = [r for r in read(f"vllm033_h200_{kind}.jsonl")[1] if r.get("provider", "vllm") == "vllm"]
+        _, new = read(f"vllm034_h200_{kind}.jsonl")
+        assert [inputs(r) for r in old] == [inputs(r) for r in new], kind
+        differ = []
+        for o, n in zip(old, new):
+            cols = len(plan(inputs(o), "H200", VLLM34).gen.get("row_layout") or range(7))
+            if _answer(o, cols) != _answer(n, cols):
+                differ.append(n)
+        for n in differ:
+            assert kind == "densefp8_cases" and set(n["seqlens"]) == {0} and n["outcome"] == "illegal_memory_access"
+            assert model_view(plan(inputs(n), "H200", VLLM34)).codes == (READS_NEIGHBOUR_PAGE,)
+        assert len(differ) <= 2, kind
+
+
+def _answer(rec: dict, cols: int) -> tuple:
+    """What a recorded call answered: its outcome and message, and the metadata in the generation's columns
+    (the columns after them are not written by the scheduler: their values are whatever memory held)."""
+    md = rec.get("tile_scheduler_metadata")
+    return rec["outcome"], rec.get("message"), md and [row[:cols] for row in md], rec.get("num_splits")
+
+
+@pytest.mark.parametrize("build", sorted(RUNS))
+def test_sparse_sm90_idle_partitions_begin_at_block_zero(build):
     # what set the sparse metadata apart from the legacy model: partitions after all work (begin_req == b)
-    _, rows = read("vllm033_h200_sparse_cases.jsonl")
+    _, rows = read(f"{RUNS[build][0]}_h200_sparse_cases.jsonl")
     idle = [m for r in rows for m in r["tile_scheduler_metadata"] if m[0] == r["b"]]
     assert len(idle) > 100 and {m[2] for m in idle} == {0}
-    assert plan(inputs(rows[0]), "H200", VLLM).gen["name"] == "vllm-0.33-sparse-sm90"
+    assert plan(inputs(rows[0]), "H200", build).gen["name"] == "vllm-0.33-sparse-sm90"
 
 
-def test_every_kv_split_on_sm90_even_below_the_current_kernels_gate():
+@pytest.mark.parametrize("build", sorted(RUNS))
+def test_every_kv_split_on_sm90_even_below_the_current_kernels_gate(build):
     # topk 128 without an extra cache (128 <= 640) still splits and schedules on SM90
-    _, probes = read("vllm033_h200_probes.jsonl")
+    _, probes = read(f"{RUNS[build][0]}_h200_probes.jsonl")
     small = [r for r in probes if r["tag"] == "sparse_sched_rows topk=128 extra=None" and r["outcome"] == "ok"]
     assert small and all(int(r["message"].split()[2]) > r["b"] for r in small)     # num_splits[b] > b
 
 
 # ----------------------------------------------------------------------------- probes at the limits
 
-def _probes(tag_prefix: str, provider: str = "vllm", **where) -> list[dict]:
-    _, probes = read("vllm033_h200_probes.jsonl")
+def _probes(tag_prefix: str, provider: str = "vllm", build: str = VLLM, **where) -> list[dict]:
+    _, probes = read(f"{RUNS[build][0]}_h200_probes.jsonl")
     return [r for r in probes if r["tag"].startswith(tag_prefix) and r["provider"] == provider
             and all(r.get(k) == v for k, v in where.items())]
 
@@ -140,44 +176,48 @@ def _outcomes_at(rows: list[dict], key: str) -> dict:
     return {r[key]: r["outcome"] for r in rows}
 
 
+@pytest.mark.parametrize("build", sorted(RUNS))
 @pytest.mark.parametrize("tag", ["sparse_sched_rows topk=128 extra=None", "sparse_sched_rows topk=1024 extra=None",
                                  "sparse_sched_rows topk=128 extra=640"])
-def test_sparse_row_limit_is_the_current_schedulers(tag):
+def test_sparse_row_limit_is_the_current_schedulers(tag, build):
     limit = (SMEM - 4) // 16                  # 4*(4b+1) <= 232448 -> 14527
     legacy = (SMEM - 4) // 20                 # 4*(5b+1): 11622, no longer a limit here
-    got = _outcomes_at(_probes(tag), "b")
+    got = _outcomes_at(_probes(tag, build=build), "b")
     assert got == {legacy: "ok", legacy + 1: "ok", limit: "ok", limit + 1: "python_exception",
                    limit + 2: "python_exception"}
     for b, outcome in got.items():
-        rep = check_calls([inputs(next(r for r in _probes(tag) if r["b"] == b))], "H200", VLLM)
+        rep = check_calls([inputs(next(r for r in _probes(tag, build=build) if r["b"] == b))], "H200", build)
         assert rep.legal is (outcome == "ok"), b
         assert ("FMLA001" in rep.codes) is (b > limit)
 
 
-def test_sparse_row_limit_failure_is_recoverable_and_named():
-    r = next(r for r in _probes("sparse_sched_rows topk=128 extra=None") if r["b"] == (SMEM - 4) // 16 + 1)
+@pytest.mark.parametrize("build", sorted(RUNS))
+def test_sparse_row_limit_failure_is_recoverable_and_named(build):
+    r = next(r for r in _probes("sparse_sched_rows topk=128 extra=None", build=build) if r["b"] == (SMEM - 4) // 16 + 1)
     assert r["exit_code"] == 0 and "get_decoding_sched_meta.cu:143" in r["message"]
-    p = plan(inputs(r), "H200", VLLM)
+    p = plan(inputs(r), "H200", build)
     mv = model_view(p)
     assert mv.codes == ("FMLA001",) and mv.expected_failure == "python_exception"
 
 
-def test_dense_row_limit_is_the_legacy_schedulers():
+@pytest.mark.parametrize("build", sorted(RUNS))
+def test_dense_row_limit_is_the_legacy_schedulers(build):
     limit = (SMEM - 4) // 20
-    rows = _probes("dense_sched_rows")
+    rows = _probes("dense_sched_rows", build=build)
     assert _outcomes_at(rows, "b") == {limit - 1: "ok", limit: "ok", limit + 1: "process_exit", limit + 2: "process_exit"}
     for r in rows:
-        verdict, why = judge(model_view(plan(inputs(r), "H200", VLLM)), kernel_run(r))
+        verdict, why = judge(model_view(plan(inputs(r), "H200", build)), kernel_run(r))
         assert verdict == "agree", (r["b"], why)
     assert all("legacy/smxx/decode/get_decoding_sched_meta/get_decoding_sched_meta.cu:111" in r["message"]
                for r in rows if r["outcome"] != "ok")
 
 
-def test_dense_fp8_batch_limit():
-    rows = _probes("dense_fp8_max_batch")
+@pytest.mark.parametrize("build", sorted(RUNS))
+def test_dense_fp8_batch_limit(build):
+    rows = _probes("dense_fp8_max_batch", build=build)
     assert _outcomes_at(rows, "b") == {4094: "ok", 4095: "ok", 4096: "process_exit", 4097: "process_exit"}
     for r in rows:
-        verdict, why = judge(model_view(plan(inputs(r), "H200", VLLM)), kernel_run(r))
+        verdict, why = judge(model_view(plan(inputs(r), "H200", build)), kernel_run(r))
         assert verdict == "agree", (r["b"], why)
 
 
@@ -191,6 +231,12 @@ def test_dense_fp8_partitions_sgl_fails_where_vllm_clamps(h_q):
         vllm = _probes("dense_fp8_parts", "vllm", h_q=h_q, entry=entry)
         assert set(_outcomes_at(vllm, "s_q").values()) == {"ok"} and len(vllm) == 4
         assert all(len(r["tile_scheduler_metadata"]) == 1 for r in vllm)
+    for vllm_build in sorted(RUNS):
+        vllm = _probes("dense_fp8_parts", "vllm", build=vllm_build, h_q=h_q)
+        assert set(_outcomes_at(vllm, "s_q").values()) == {"ok"} and len(vllm) == 8
+        for r in vllm:
+            mv = model_view(plan(inputs(r), "H200", vllm_build))
+            assert judge(mv, kernel_run(r))[0] == "agree" and "FMLA021" not in mv.codes, (vllm_build, r["s_q"])
     for r in sgl + _probes("dense_fp8_parts", "vllm", h_q=h_q):
         build = SGLFM if r["provider"] == "sgl" else VLLM
         rec = dict(inputs(r), use_legacy=True) if build == SGLFM else inputs(r)
@@ -200,11 +246,12 @@ def test_dense_fp8_partitions_sgl_fails_where_vllm_clamps(h_q):
         assert ("FMLA021" in mv.codes) is (build == SGLFM and r["s_q"] > limit)
 
 
-def test_sparse_shape_probes():
-    for r in _probes("sparse_kv_layout") + _probes("sparse_topk_block") + _probes("sparse_h_q"):
-        verdict, why = judge(model_view(plan(inputs(r), "H200", VLLM)), kernel_run(r))
+@pytest.mark.parametrize("build", sorted(RUNS))
+def test_sparse_shape_probes(build):
+    for r in sum((_probes(t, build=build) for t in ("sparse_kv_layout", "sparse_topk_block", "sparse_h_q")), []):
+        verdict, why = judge(model_view(plan(inputs(r), "H200", build)), kernel_run(r))
         assert verdict == "agree", (r["tag"], why)
-    assert {r["bytes_per_token"]: r["outcome"] for r in _probes("sparse_kv_layout")} == {
+    assert {r["bytes_per_token"]: r["outcome"] for r in _probes("sparse_kv_layout", build=build)} == {
         584: "ok", 656: "ok", 528: "python_exception"}
 
 
@@ -257,14 +304,14 @@ def test_the_vllm_measurements_name_device_package_date_fixture_and_build():
 
 # ----------------------------------------------------------------------------- limits read elsewhere, probed on both builds
 
-def _gap_probes() -> list[dict]:
-    return read("h200_gap_probes.jsonl")[1]
+def _gap_probes(build: str | None = None) -> list[dict]:
+    """The gap probes of both H200 builds (``provider`` sgl / vllm), or of vLLM 0.34's run."""
+    return read("vllm034_h200_gap_probes.jsonl" if build == VLLM34 else "h200_gap_probes.jsonl")[1]
 
 
-@pytest.mark.parametrize("provider", ["sgl", "vllm"])
-def test_every_gap_probe_agrees_with_the_model(provider):
-    build = VLLM if provider == "vllm" else SGLFM
-    rows = [r for r in _gap_probes() if r["provider"] == provider]
+@pytest.mark.parametrize("provider, build", [("sgl", SGLFM), ("vllm", VLLM), ("vllm", VLLM34)])
+def test_every_gap_probe_agrees_with_the_model(provider, build):
+    rows = [r for r in _gap_probes(build) if r["provider"] == provider]
     assert len(rows) == 30
     for rec in rows:
         r = inputs(rec)
@@ -274,10 +321,10 @@ def test_every_gap_probe_agrees_with_the_model(provider):
         assert verdict == "agree", (rec["tag"], rec.get("b"), rec.get("s_q"), rec.get("h_q"), why)
 
 
-@pytest.mark.parametrize("provider", ["sgl", "vllm"])
-def test_int32_strides_at_the_limit(provider):
+@pytest.mark.parametrize("provider, build", [("sgl", SGLFM), ("vllm", VLLM), ("vllm", VLLM34)])
+def test_int32_strides_at_the_limit(provider, build):
     # q is [b, s_q, h_q, d_qk]: stride(0) = s_q*h_q*d_qk must fit in int32; at h_q 128, d_qk 512 that is s_q < 32768
-    got = {r["s_q"]: r["outcome"] for r in _gap_probes() if r["tag"] == "int32_strides" and r["provider"] == provider}
+    got = {r["s_q"]: r["outcome"] for r in _gap_probes(build) if r["tag"] == "int32_strides" and r["provider"] == provider}
     limit = (2 ** 31 - 1) // (128 * 512)
     assert got == {limit: "ok", limit + 1: "python_exception"}
 
