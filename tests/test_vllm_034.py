@@ -164,6 +164,7 @@ def test_shard_q_splits_a_mixed_step_by_token():
     assert share == [1000] * 8
     assert got == [(1, 100, 64), (1, max(share), 128)]           # the decode tokens; a rank's tokens, all 128 heads
     assert r.context["routing"]["shard_q"]["tokens_per_rank"] == share
+    assert r.context["routing"]["vllm_mode"] == "mixed batch, ShardQ over 8 ranks"
     # the same step on 0.33: one call of every token at the rank's heads
     (c,) = calls(check(doc("vllm-flashmla-sparse@0.33", sa, "extend", reqs, model=DSV32)))
     assert (c["call"]["b"], c["call"]["s_q"], c["call"]["h_q"]) == (1, 8100, 64)

@@ -112,9 +112,9 @@ class VllmDsv4Profile(VllmProfile):
             topk = -(-(dflt["swa_topk"] + (extra_topk or 0)) // mult) * mult
             pre = prefill_shape_plan(batch.gpu, build, h_q, dflt["d_qk"], topk, f"{spec['name']} prefill")
             prefill.append((pre, QuietRules(pre, False, False)))
-        return VllmDsv4Setup(h_q, 1 + num_speculative_tokens(batch) + draft_slots(batch, version), tuple(calls), dflt["d_qk"], dflt["swa_topk"],
-                             dflt["page"], build, min(c[4].max_sched_rows for c in calls), tuple(prefill),
-                             request_order(batch, version))
+        threshold = 1 + num_speculative_tokens(batch) + draft_slots(batch, version)
+        return VllmDsv4Setup(h_q, threshold, tuple(calls), dflt["d_qk"], dflt["swa_topk"], dflt["page"], build,
+                             min(c[4].max_sched_rows for c in calls), tuple(prefill), request_order(batch, version))
 
     def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, build, memo=None) -> None:
         s = setup

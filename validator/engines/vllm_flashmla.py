@@ -2,9 +2,10 @@
 
 The requests run in the model runner's order (:func:`validate_batch.engines.vllm_steps.split_step`);
 the leading ones of one query length, at most ``reorder_threshold`` tokens (raised to
-``1 + num_speculative_tokens`` with speculative decoding), are the decode requests, run as one ``flash_mla_with_kvcache`` call with
-``b`` = decode requests and ``s_q`` = that length (fp8 cache: the dense fp8 kernels). Prefills run
-MLA's prefill backend (no FlashMLA call). Numbers and sources in ``rules/engines.json``.
+``1 + num_speculative_tokens`` with speculative decoding), are the decode requests, run as one
+``flash_mla_with_kvcache`` call with ``b`` = decode requests and ``s_q`` = that length (fp8 cache:
+the dense fp8 kernels). Prefills run MLA's prefill backend (no FlashMLA call). Numbers and sources
+in ``rules/engines.json``.
 """
 from __future__ import annotations
 

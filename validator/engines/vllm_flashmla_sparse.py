@@ -130,8 +130,9 @@ class FlashMLASparseProfile(VllmProfile):
                        is_fp8=True, label=f"ShardQ tokens of rank {r} of {ranks} (b = 1, s_q = its tokens, all heads)")
         p = plan(c, batch.gpu, s.kernel)
         bp.calls.append(DerivedCall(c.label, p.call, p, "decode_kernel"))
-        bp.routing["shard_q"] = {"ranks": ranks, "decode_tokens": decode_tokens, "tokens_per_rank": [int(x) for x in per_rank],
-                                 "heads": heads, "source": source}
+        bp.routing["shard_q"] = {"ranks": ranks, "decode_tokens": decode_tokens, "heads": heads, "source": source,
+                                 "tokens_per_rank": [int(x) for x in per_rank]}
+        bp.routing["vllm_mode"] = f"mixed batch, ShardQ over {ranks} ranks"
 
     def derive(self, batch: Batch, version: dict, setup: SparseSetup, bp: BatchPlan, build, memo=None) -> None:
         s = setup

@@ -154,10 +154,6 @@ def draft_slots(batch: Batch, version: dict) -> int:
     return int(slots.get(str(batch.arg("speculative_method") or "").strip().lower(), 0))
 
 
-#: the model runners' request orders (``request_orders`` in rules/engines.json)
-ORDERS = ("v2", "v1")
-
-
 def request_order(batch: Batch, version: dict) -> str:
     """The order the step's requests run in: the version's default (the first of its
     ``request_orders``), or model runner V1's / V2's as ``server_args.use_v2_model_runner`` asks
