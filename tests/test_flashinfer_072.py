@@ -21,7 +21,7 @@ from validate_batch.flashinfer.calls import plan as fi_plan
 from validate_batch.ingest.crash_lines import ErrorEvent, classify_error
 from validate_batch.ingest.signatures import matching_codes
 
-PINNED = ("flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1")
+PINNED = ("flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1", "flashinfer-python-0.7.4")
 ALL = ("flashinfer-fb28d72",) + PINNED
 
 
@@ -58,7 +58,8 @@ def test_pinned_wrapper_refuses_a_negative_query_length_in_python(version):
 @pytest.mark.parametrize("version", PINNED)
 def test_pinned_module_plan_fails_in_mlaplan_at_its_own_line(version):
     f = finding(qo_rec(-1, version, "module"), "FI002")
-    assert f.failure.startswith("python_exception") and "scheduler.cuh:1634" in f.failure
+    at = 1642 if version == "flashinfer-python-0.7.4" else 1634       # the line each wheel's scheduler.cuh has it on
+    assert f.failure.startswith("python_exception") and f"scheduler.cuh:{at}" in f.failure
     assert "MLAPlan" in f.failure
 
 
@@ -130,16 +131,18 @@ def test_pinned_error_lines_are_read_as_their_rules(version):
     assert matching_codes(event("ValueError: qo_indptr metadata must be nondecreasing."), version) == ["FI002"]
     assert matching_codes(event("ValueError: kv_len_arr metadata must be nonnegative."), version) == ["FI003"]
     assert matching_codes(event("ValueError: kv_indptr metadata must be nondecreasing."), version) == ["FI003"]
-    # MLAPlan's check moved from scheduler.cuh:1599 (fb28d72) to :1634 (0.7.2)
+    # MLAPlan's check moved from scheduler.cuh:1599 (fb28d72) to :1634 (0.7.2, 0.7.2.post1) and :1642 (0.7.4)
     line = ("RuntimeError: Error in function 'MLAPlan' at /x/flashinfer/data/include/flashinfer/attention/"
             "scheduler.cuh:{}: qo_indptr[2]3 - qo_indptr[1]4 should be non-negative")
-    assert "FI002" in matching_codes(event(line.format(1634)), version)
+    at = 1642 if version == "flashinfer-python-0.7.4" else 1634
+    assert "FI002" in matching_codes(event(line.format(at)), version)
     assert "FI002" in matching_codes(event(line.format(1599)), "flashinfer-fb28d72")
 
 
 def test_trtllm_gen_launch_line_moves_with_the_build():
     line = "CUDA Error: CUDA_ERROR_INVALID_VALUE /x/include/flashinfer/trtllm/fmha/fmhaKernels.cuh {}"
-    for ln, build in ((451, "flashinfer-fb28d72"), (475, "flashinfer-python-0.7.2"), (478, "flashinfer-python-0.7.2.post1")):
+    for ln, build in ((451, "flashinfer-fb28d72"), (475, "flashinfer-python-0.7.2"), (478, "flashinfer-python-0.7.2.post1"),
+                      (526, "flashinfer-python-0.7.4")):
         assert matching_codes(event(line.format(ln)), build) == ["FI001"], (ln, build)
         for other in set(ALL) - {build}:
             assert matching_codes(event(line.format(ln)), other) == [], (ln, other)
@@ -185,3 +188,32 @@ def test_pinned_versions_share_one_mla_plan():
                 if "provenance" not in k and k != "source"}
     assert strip(a) == strip(b)
     assert v["flashinfer-python-0.7.2.post1"]["same_mla_plan_as"] == "flashinfer-python-0.7.2"
+
+
+# --------------------------------------------------------------------------- 0.7.4's lines, in its wheel
+def _fi_wheel(version: str):
+    import os
+    import zipfile
+    from pathlib import Path
+    for part in filter(None, os.environ.get("VALIDATE_BATCH_FLASHINFER_WHEELS", "").split(os.pathsep)):
+        found = sorted(Path(part).glob(f"flashinfer_python-{version}-*.whl"))
+        if found:
+            return zipfile.ZipFile(found[0])
+    pytest.skip(f"flashinfer_python-{version} wheel not given (VALIDATE_BATCH_FLASHINFER_WHEELS: folders holding "
+                f"pip download --no-deps flashinfer-python=={version})")
+
+
+def test_the_0_7_4_lines_are_its_wheels():
+    new = _fi_wheel("0.7.4")
+
+    def line(path, n):
+        return new.read(path).decode().splitlines()[n - 1]
+    sched = "flashinfer/data/include/flashinfer/attention/scheduler.cuh"
+    fmha = "flashinfer/data/include/flashinfer/trtllm/fmha/fmhaKernels.cuh"
+    assert "FLASHINFER_ERROR(" in line(sched, 1642) and "should be non-negative" in new.read(sched).decode()
+    assert "int max_total_num_works = 16384;" in line(sched, 1783)
+    assert "cuLaunchKernelEx(" in line(fmha, 526) and "int numCtasZ = params.mBatchSize;" in line(fmha, 698)
+    assert line("flashinfer/mla/_batch_mla/_backends/_fa_common.py", 255).strip() == "_FA_MAX_WORK_ITEMS = 16384"
+    old = _fi_wheel("0.7.2.post1")
+    planning = "flashinfer/mla/_batch_mla/_planning.py"
+    assert new.read(planning) == old.read(planning)          # the wrapper's checks, the same file

@@ -1,7 +1,8 @@
 """What FlashInfer's MLA ``plan()`` computes on the host: the work partition the SM90/SM80 MLA kernels run.
 
 A plain-Python account of ``MLAPlan`` (flashinfer-python 0.7.2 and 0.7.2.post1
-``include/flashinfer/attention/scheduler.cuh:1614-1872``; the same algorithm at fb28d72 :1580-1837),
+``include/flashinfer/attention/scheduler.cuh:1614-1872``, 0.7.4 :1622-1880; the same algorithm at fb28d72
+:1580-1837),
 written so that a recorded plan can be compared with it value for value:
 
 1. Each request ``i`` has ``qo_len`` query tokens, i.e. ``qo_len * num_heads`` packed query rows. When the

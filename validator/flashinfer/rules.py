@@ -46,9 +46,9 @@ def grid_batch_page() -> dict:
           {"library": "flashinfer", "file": "fmhaKernels.cuh", "message": "CUDA Error: CUDA_ERROR_\\w+",
            "failure": "launch_error_silent",
            "lines": {"flashinfer-fb28d72": [451, 451], "flashinfer-python-0.7.2": [475, 475],
-                     "flashinfer-python-0.7.2.post1": [478, 478]},
+                     "flashinfer-python-0.7.2.post1": [478, 478], "flashinfer-python-0.7.4": [526, 526]},
            "source": "the launch's check in include/flashinfer/trtllm/fmha/fmhaKernels.cuh: fb28d72 :451, "
-                     "flashinfer-python 0.7.2 :475, 0.7.2.post1 :478"},
+                     "flashinfer-python 0.7.2 :475, 0.7.2.post1 :478, 0.7.4 :526"},
       ])
 def trtllm_gen_batch_grid(p: FlashInferPlan):
     """trtllm-gen decode kernels put the batch on ``gridDim.z``: at most {{max_batch}} requests per call.
@@ -106,11 +106,12 @@ def _first_drop(a: np.ndarray) -> int | None:
           {"library": "flashinfer", "function": "MLAPlan", "file": "scheduler.cuh",
            "message": "qo_indptr\\[\\d+\\].*should be non-negative", "failure": "python_exception",
            "lines": {"flashinfer-fb28d72": [1599, 1599], "flashinfer-python-0.7.2": [1634, 1634],
-                     "flashinfer-python-0.7.2.post1": [1634, 1634]},
+                     "flashinfer-python-0.7.2.post1": [1634, 1634], "flashinfer-python-0.7.4": [1642, 1642]},
            "source": "MLAPlan's check of each query length in include/flashinfer/attention/scheduler.cuh: fb28d72 "
-                     ":1599, flashinfer-python 0.7.2 and 0.7.2.post1 :1634 (the module plan's check)"},
+                     ":1599, flashinfer-python 0.7.2 and 0.7.2.post1 :1634, 0.7.4 :1642 (the module plan's check)"},
           {"library": "flashinfer", "message": "qo_indptr metadata must be nondecreasing", "failure": "python_exception",
-           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1",
+                      "flashinfer-python-0.7.4"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73 (the wrapper's check)"},
       ])
 def mla_plan_qo_lengths(p: FlashInferPlan):
@@ -165,10 +166,12 @@ def mla_plan_qo_lengths(p: FlashInferPlan):
              "flashinfer/mla/_batch_mla/_planning.py:73, :130 (the wrapper refuses both in Python)",
       signatures=[
           {"library": "flashinfer", "message": "kv_len_arr metadata must be nonnegative", "failure": "python_exception",
-           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1",
+                      "flashinfer-python-0.7.4"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:130"},
           {"library": "flashinfer", "message": "kv_indptr metadata must be nondecreasing", "failure": "python_exception",
-           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1",
+                      "flashinfer-python-0.7.4"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py:73"},
       ])
 def mla_plan_kv_lengths(p: FlashInferPlan):
@@ -251,7 +254,8 @@ def mla_works_page() -> dict:
              "in 0.7.2)",
       signatures=[
           {"library": "flashinfer", "message": "FA MLA needs (at least )?\\d+ work items", "failure": "python_exception",
-           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1"],
+           "builds": ["flashinfer-python-0.7.2", "flashinfer-python-0.7.2.post1",
+                      "flashinfer-python-0.7.4"],
            "source": "flashinfer-python 0.7.2 flashinfer/mla/_batch_mla/_planning.py (the wrapper's work-item check; "
                      "rules/flashinfer.json other_checks)"},
       ])
