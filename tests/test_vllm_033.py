@@ -10,7 +10,6 @@ engine core around ``EngineCore.step`` is a stand-in (the real one starts GPU ex
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 
 import pytest
@@ -268,11 +267,7 @@ def test_real_plain_decode_takes_the_fast_path():
 
 
 # ----------------------------------------------------------- the README's EngineCore.step hook
-def snippets() -> dict[str, str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = dict(re.findall(r"<!-- guard:([\w-]+) -->\s*```python\n(.*?)```", text, flags=re.S))
-    assert {"vllm-init", "vllm-hook", "vllm-prevent"} <= set(found)
-    return found
+snippets = vllm_release.readme_hook_snippets
 
 
 StandInCore = vllm_release.StandInCore

@@ -288,7 +288,19 @@ def test_engine_argument_names_are_the_0_34_wheels():
     assert names and names == set(load("engine_args")["engines"]["vllm@0.34.0"]["names"])
 
 
-def test_latest_is_0_34_and_its_build_is_measured_on_sm90():
+def test_each_vllm_version_names_its_own_release_as_its_facts_source():
+    # a verdict's engine facts say which release they were read from (the version's provenance, not the
+    # profile's)
+    from validate_batch.legality.standing import rule_standing
+    from validate_batch.legality.ruleset import get_rule
+    standing = rule_standing(get_rule("SGL001"))
+    for name in ("vllm-flashmla", "vllm-dsv4", "vllm-flashmla-sparse"):
+        for version, release in (("0.33", "0.33.0"), ("0.34", "0.34.0")):
+            (st,) = standing[f"{name}@{version}"]
+            assert st.entry["package"] == f"vllm {release}", (name, version, st.line)
+
+
+def test_latest_is_0_34_on_its_own_build():
     for name in ("vllm-flashmla", "vllm-dsv4", "vllm-flashmla-sparse"):
         versions = load("engines")["profiles"][name]["versions"]
         latest = next(v for v in versions if "latest" in v.get("aliases", ()))
@@ -369,12 +381,10 @@ def test_real_0_34_mixed_step_runs_the_shortest_query_first():
 @needs_034
 def test_the_readme_hook_on_0_34s_engine_core_step():
     import logging
-    from pathlib import Path
 
     from validate_batch import BatchIllegalError
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    code = dict(re.findall(r"<!-- guard:([\w-]+) -->\s*```python\n(.*?)```", text, flags=re.S))
+    code = vllm_release.readme_hook_snippets()
     assert vllm_release.engine_core_methods(("_wait_for_output",), "0.34.0")      # 0.34.0's step waits through it
 
     big = scheduler_output34({f"r{i}": 500 for i in range(CURRENT // 4 + 1)}, drafts=3)

@@ -40,11 +40,10 @@ CASE_FILES = {   # file: (build, entry it exercises, least calls)
     "sglfm_h200_dense_cases.jsonl": (SGLFM, "flash_mla_with_kvcache", 200),
     "sglfm_h200_hoisted_cases.jsonl": (SGLFM, "get_mla_decoding_metadata", 200),
     "sglfm_h200_densefp8_attn_cases.jsonl": (SGLFM, "fwd_kvcache_mla_fp8", 200),
-    "vllm034_h200_sparse_cases.jsonl": (VLLM34, "flash_mla_with_kvcache", 200),
-    "vllm034_h200_dense_cases.jsonl": (VLLM34, "flash_mla_with_kvcache", 200),
-    "vllm034_h200_densefp8_cases.jsonl": (VLLM34, "fwd_kvcache_mla_fp8", 200),
-    "vllm034_h200_densefp8_sched_cases.jsonl": (VLLM34, "get_mla_decoding_metadata", 60),
 }
+# vLLM 0.34.0's recording: the same seeded calls of each vLLM 0.33.0 file, on 0.34.0's files
+CASE_FILES.update({f.replace("vllm033", "vllm034"): (VLLM34, entry, least)
+                   for f, (build, entry, least) in list(CASE_FILES.items()) if build == VLLM})
 # FMLA020 (a length-0 row of the dense fp8 kernel reads the page named by the block-table entry before
 # its own): with valid pages there, as the recording builds them, the read stays in bounds and the call
 # runs; with the -1 entries of CUDA-graph padding memcheck reports the out-of-bounds read

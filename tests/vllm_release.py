@@ -137,6 +137,15 @@ def engine_core_methods(names=("step", "_should_throttle_prefills"), version: st
     return out if set(out) == set(names) else None
 
 
+def readme_hook_snippets() -> dict[str, str]:
+    """The README's vLLM guard snippets by name (``<!-- guard:NAME -->`` before a python block)."""
+    import re
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    found = dict(re.findall(r"<!-- guard:([\w-]+) -->\s*```python\n(.*?)```", text, flags=re.S))
+    assert {"vllm-init", "vllm-hook", "vllm-prevent"} <= set(found)
+    return found
+
+
 class StandInCore:
     """Stand-in for ``EngineCore``: the attributes the release's ``step`` uses, none of them GPU work;
     ``step``, ``_should_throttle_prefills`` (and, where the release has it, ``_wait_for_output``) are

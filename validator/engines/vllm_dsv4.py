@@ -38,6 +38,7 @@ class VllmDsv4Setup:
     # per layer type: its sparse-prefill shape plan and the rules its calls skip
     prefill: tuple = ()
     order: str = "v2"          # the model runner's request order
+    decode_query_len: int = 1  # 1 + num_speculative_tokens (what the order sorts first)
 
 
 def _heads(batch: Batch, dflt: dict) -> int:
@@ -112,14 +113,15 @@ class VllmDsv4Profile(VllmProfile):
             topk = -(-(dflt["swa_topk"] + (extra_topk or 0)) // mult) * mult
             pre = prefill_shape_plan(batch.gpu, build, h_q, dflt["d_qk"], topk, f"{spec['name']} prefill")
             prefill.append((pre, QuietRules(pre, False, False)))
-        threshold = 1 + num_speculative_tokens(batch) + draft_slots(batch, version)
-        return VllmDsv4Setup(h_q, threshold, tuple(calls), dflt["d_qk"], dflt["swa_topk"], dflt["page"], build,
-                             min(c[4].max_sched_rows for c in calls), tuple(prefill), request_order(batch, version))
+        dql = 1 + num_speculative_tokens(batch)
+        return VllmDsv4Setup(h_q, dql + draft_slots(batch, version), tuple(calls), dflt["d_qk"], dflt["swa_topk"],
+                             dflt["page"], build, min(c[4].max_sched_rows for c in calls), tuple(prefill),
+                             request_order(batch, version), dql)
 
     def derive(self, batch: Batch, version: dict, setup: VllmDsv4Setup, bp: BatchPlan, build, memo=None) -> None:
         s = setup
         step = split_step(*step_columns(batch), s.threshold, bool(version["uniform_decodes"]), s.order,
-                          1 + num_speculative_tokens(batch))
+                          s.decode_query_len)
         self.record_step(batch, bp, step, "decode tokens as rows, prefill through flash_mla_sparse_fwd", version,
                          "decode tokens")
         b = step.decode_tokens

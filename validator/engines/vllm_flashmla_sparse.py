@@ -136,14 +136,15 @@ class FlashMLASparseProfile(VllmProfile):
 
     def derive(self, batch: Batch, version: dict, setup: SparseSetup, bp: BatchPlan, build, memo=None) -> None:
         s = setup
-        step = split_step(*step_columns(batch), s.threshold, s.uniform, s.order, s.decode_query_len)
+        columns = step_columns(batch)
+        step = split_step(*columns, s.threshold, s.uniform, s.order, s.decode_query_len)
         self.record_step(batch, bp, step, s.mode, version, "tokens" if s.mode == "mixed batch" else "decode requests")
         dense_mha = step.num_prefills > 0 and step.longest_prefill <= s.topk
         mqa_prefill = 0 if dense_mha else step.prefill_tokens
         if dense_mha:
             bp.routing["prefill"] = f"prefills up to {step.longest_prefill} tokens <= index_topk {s.topk}: dense MHA"
         if s.mode == "mixed batch" and s.shard_q:
-            sharded = shard_q_calls(step_columns(batch), s)
+            sharded = shard_q_calls(columns, s)
             if sharded is not None:
                 self._shard_q(batch, s, bp, *sharded)
                 return
